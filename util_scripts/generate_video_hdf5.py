@@ -1,0 +1,141 @@
+"""Pack extracted JPEG frames into one hdf5 file per video.
+
+python -m util_scripts.generate_video_hdf5 dir_path dst_path dataset [--n_jobs N]
+python -m util_scripts.generate_video_hdf5 dir_path dst_path dataset --from_video [--fps F] [--size 240]
+
+dir_path/<class>/<video>/image_00001.jpg, ... (output of generate_video_jpgs)
+becomes dst_path/<class>/<video>.hdf5 with one dataset 'video' of
+variable-length uint8: element i holds the unchanged JPEG bytes of
+image_{i+1:05d}.jpg. ActivityNet is flat (dir_path/<video>/ ->
+dst_path/<video>.hdf5). With --from_video, dir_path holds the videos
+themselves (as for generate_video_jpgs) and ffmpeg extracts each into a
+temporary folder first. Existing hdf5 files are skipped.
+"""
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .utils import (DATASETS, contiguous_frames, extract_frames, fail,
+                    frame_numbers, list_videos, n_jobs_value, require_dir,
+                    require_ffmpeg, run_conversions)
+
+
+def pack_frames(frame_dir, dst_file):
+    """Write frame_dir's JPEGs into dst_file; return an error or None."""
+    numbers = frame_numbers(frame_dir)
+    n = contiguous_frames(numbers)
+    if n == 0:
+        return f'no image_00001.jpg in {frame_dir}'
+    if n != len(numbers):
+        # Element i must be frame i + 1; a hole would shift every later
+        # frame, so refuse rather than write a misaligned file.
+        return (f'image_{n + 1:05d}.jpg is missing in {frame_dir}; '
+                'extract the video again')
+    frames = np.empty(n, dtype=object)
+    for i in range(n):
+        with open(os.path.join(frame_dir, f'image_{i + 1:05d}.jpg'),
+                  'rb') as f:
+            frames[i] = np.frombuffer(f.read(), dtype=np.uint8)
+    # Written under a temporary name and renamed, so an interrupted run
+    # leaves no half file that a rerun would take as done.
+    tmp = dst_file.with_name(dst_file.name + '.tmp')
+    try:
+        with h5py.File(tmp, 'w') as h5:
+            h5.create_dataset('video', data=frames,
+                              dtype=h5py.vlen_dtype(np.uint8))
+        os.replace(tmp, dst_file)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return None
+
+
+def convert_frame_dir(job):
+    frame_dir, dst_file = job
+    if dst_file.exists():
+        return frame_dir, 'skipped', None
+    error = pack_frames(frame_dir, dst_file)
+    return frame_dir, 'failed' if error else 'converted', error
+
+
+def convert_video_file(job):
+    video, dst_file, fps, size, threads = job
+    if dst_file.exists():
+        return video, 'skipped', None
+    # Frames go next to the destination: the user chose that disk for the
+    # dataset, while /tmp is often a small RAM disk.
+    with tempfile.TemporaryDirectory(dir=dst_file.parent,
+                                     prefix=f'.{dst_file.stem}.') as tmp:
+        _, error = extract_frames(video, tmp, fps, size, threads)
+        if error is None:
+            error = pack_frames(tmp, dst_file)
+    return video, 'failed' if error else 'converted', error
+
+
+def list_frame_dirs(dir_path, dataset):
+    """(relative folder, frame folder) pairs; hidden folders are skipped
+    (generate_video_jpgs keeps unfinished extractions in .<name>.tmp)."""
+    dir_path = Path(dir_path)
+
+    def subdirs(path):
+        return [d for d in sorted(path.iterdir())
+                if d.is_dir() and not d.name.startswith('.')]
+
+    if dataset == 'activitynet':
+        return [(Path(), d) for d in subdirs(dir_path)]
+    return [(Path(c.name), d) for c in subdirs(dir_path) for d in subdirs(c)]
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        description='Pack JPEG frame folders into <dst>/<class>/<video>.hdf5 '
+        "(dataset 'video', raw JPEG bytes per frame).")
+    parser.add_argument('dir_path', type=Path,
+                        help='frame root <class>/<video>/image_*.jpg (with '
+                        '--from_video: video root <class>/<video>.<ext>)')
+    parser.add_argument('dst_path', type=Path, help='hdf5 root (created)')
+    parser.add_argument('dataset', choices=DATASETS,
+                        help='dataset name; decides the folder layout')
+    parser.add_argument('--n_jobs', type=int, default=-1,
+                        help='parallel processes (-1: all cores)')
+    parser.add_argument('--from_video', action='store_true',
+                        help='read video files with ffmpeg instead of '
+                        'frame folders')
+    parser.add_argument('--fps', type=float, default=-1,
+                        help='with --from_video: output frame rate '
+                        '(-1: keep the original)')
+    parser.add_argument('--size', type=int, default=240,
+                        help='with --from_video: short side in pixels '
+                        '(<= 0: keep the original size)')
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    layout = '<video>' if args.dataset == 'activitynet' else '<class>/<video>'
+    if args.from_video:
+        require_ffmpeg()
+        require_dir(args.dir_path, 'dir_path', 'give the folder of the videos')
+        threads = 1 if n_jobs_value(args.n_jobs) > 1 else 0
+        jobs = [(video, args.dst_path / rel / f'{video.stem}.hdf5', args.fps,
+                 args.size, threads)
+                for rel, video in list_videos(args.dir_path, args.dataset)]
+        func, what = convert_video_file, f'video file ({layout}.mp4/.avi/...)'
+    else:
+        require_dir(args.dir_path, 'dir_path',
+                    'give the output of util_scripts.generate_video_jpgs, or '
+                    'video files with --from_video')
+        jobs = [(d, args.dst_path / rel / f'{d.name}.hdf5')
+                for rel, d in list_frame_dirs(args.dir_path, args.dataset)]
+        func, what = convert_frame_dir, f'frame folder ({layout}/image_*.jpg)'
+    if not jobs:
+        fail(f'no {what} found in {args.dir_path}')
+    run_conversions(jobs, func, args.n_jobs, processes=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,100 @@
+"""Build the UCF-101 annotation JSONs (ucf101_01.json ... ucf101_03.json).
+
+python -m util_scripts.ucf101_json dir_path video_path dst_path
+
+dir_path holds the official classInd.txt, trainlist0{1,2,3}.txt and
+testlist0{1,2,3}.txt; video_path the frames (<label>/<video_id>/image_*.jpg,
+or <label>/<video_id>.hdf5). testlist videos become the 'validation' subset.
+"""
+import argparse
+from pathlib import Path
+
+from .utils import (add_segments, fail, read_lines, require_dir,
+                    require_file, write_annotation)
+
+
+def load_labels(class_ind_path):
+    """Class names ordered by their index in classInd.txt ("1 ApplyEyeMakeup")."""
+    indexed = []
+    for line in read_lines(class_ind_path):
+        parts = line.split()
+        if len(parts) != 2 or not parts[0].isdigit():
+            fail(f'{class_ind_path}: expected "<index> <class>" lines, '
+                 f'got {line!r}')
+        indexed.append((int(parts[0]), parts[1]))
+    return [name for _, name in sorted(indexed)]
+
+
+def load_split(list_path, subset):
+    """Entries of one list file ("ApplyEyeMakeup/v_..._g08_c01.avi [1]")."""
+    database = {}
+    for line in read_lines(list_path):
+        parts = line.split()[0].split('/')
+        if len(parts) != 2:
+            fail(f'{list_path}: expected "<class>/<video>.avi" lines, '
+                 f'got {line!r}')
+        label, file_name = parts
+        database[Path(file_name).stem] = {'subset': subset,
+                                          'annotations': {'label': label}}
+    return database
+
+
+def convert_split(dir_path, split_index, video_path):
+    dir_path = Path(dir_path)
+    labels = load_labels(dir_path / 'classInd.txt')
+    database = load_split(dir_path / f'trainlist0{split_index}.txt',
+                          'training')
+    database.update(load_split(dir_path / f'testlist0{split_index}.txt',
+                               'validation'))
+    unknown = sorted({v['annotations']['label'] for v in database.values()} -
+                     set(labels))
+    if unknown:
+        fail(f'split {split_index} lists classes missing from classInd.txt: '
+             f'{", ".join(unknown[:5])}')
+    add_segments(database, video_path)
+    return labels, database
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Write ucf101_0{1,2,3}.json from the official UCF-101 '
+        'split files and the extracted frames.')
+    parser.add_argument('dir_path', type=Path,
+                        help='directory with classInd.txt, trainlist0N.txt, '
+                        'testlist0N.txt (ucfTrainTestlist)')
+    parser.add_argument('video_path', type=Path,
+                        help='frame root: <label>/<video_id>/image_*.jpg '
+                        '(or <label>/<video_id>.hdf5); used to count frames')
+    parser.add_argument('dst_path', type=Path,
+                        help='directory for ucf101_0N.json (created)')
+    args = parser.parse_args(argv)
+
+    require_dir(args.dir_path, 'UCF-101 split directory',
+                'it should hold classInd.txt, trainlist01.txt, ...')
+    require_file(args.dir_path / 'classInd.txt', 'classInd.txt',
+                 'give the ucfTrainTestlist directory as dir_path')
+    require_dir(args.video_path, 'video_path',
+                'extract frames first with util_scripts.generate_video_jpgs')
+
+    done = 0
+    for split_index in (1, 2, 3):
+        lists = [args.dir_path / f'trainlist0{split_index}.txt',
+                 args.dir_path / f'testlist0{split_index}.txt']
+        present = [p.is_file() for p in lists]
+        if not any(present):
+            continue
+        for path, ok in zip(lists, present):
+            if not ok:
+                fail(f'{path} not found (its companion split file exists)')
+        labels, database = convert_split(args.dir_path, split_index,
+                                         args.video_path)
+        write_annotation(args.dst_path / f'ucf101_0{split_index}.json',
+                         labels, database)
+        done += 1
+    if done == 0:
+        fail(f'no split file in {args.dir_path}: expected trainlist01.txt '
+             'and testlist01.txt (and 02, 03)')
+
+
+if __name__ == '__main__':
+    main()
