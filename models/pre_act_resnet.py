@@ -1,0 +1,89 @@
+"""Pre-activation 3D ResNet (He et al., "Identity Mappings in Deep Residual
+Networks", ECCV 2016) on the ResNet stem, as in 3D-ResNets-PyTorch.
+
+Blocks run BN -> ReLU -> conv; the shortcut takes the block's raw input and
+there is no ReLU after the addition. As in the predecessor (whose builder
+crashed; the key lists are those of the intended network) there is no final
+BN/ReLU before pooling, so its checkpoints' keys match exactly.
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from .resnet import ResNet, conv1x1x1, conv3x3x3, get_inplanes
+
+__all__ = ['PreActBasicBlock', 'PreActBottleneck', 'generate_model']
+
+
+class PreActBasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
+        super().__init__()
+        # Registration order bn1, conv1, bn2, conv2 is the checkpoint key order.
+        self.bn1 = nn.BatchNorm3d(in_planes)
+        self.conv1 = conv3x3x3(in_planes, planes, stride)
+        self.bn2 = nn.BatchNorm3d(planes)
+        self.conv2 = conv3x3x3(planes, planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.conv1(self.relu(self.bn1(x)))
+        out = self.conv2(self.relu(self.bn2(out)))
+        return out + shortcut
+
+
+class PreActBottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
+        super().__init__()
+        self.bn1 = nn.BatchNorm3d(in_planes)
+        self.conv1 = conv1x1x1(in_planes, planes)
+        self.bn2 = nn.BatchNorm3d(planes)
+        self.conv2 = conv3x3x3(planes, planes, stride)
+        self.bn3 = nn.BatchNorm3d(planes)
+        self.conv3 = conv1x1x1(planes, planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.conv1(self.relu(self.bn1(x)))
+        out = self.conv2(self.relu(self.bn2(out)))
+        out = self.conv3(self.relu(self.bn3(out)))
+        return out + shortcut
+
+
+_DEPTHS = {
+    10: (PreActBasicBlock, (1, 1, 1, 1)),
+    18: (PreActBasicBlock, (2, 2, 2, 2)),
+    34: (PreActBasicBlock, (3, 4, 6, 3)),
+    50: (PreActBottleneck, (3, 4, 6, 3)),
+    101: (PreActBottleneck, (3, 4, 23, 3)),
+    152: (PreActBottleneck, (3, 8, 36, 3)),
+    200: (PreActBottleneck, (3, 24, 36, 3)),
+}
+
+
+def generate_model(
+        model_depth: int,
+        *,
+        n_classes: int = 400,
+        n_input_channels: int = 3,
+        conv1_t_size: int = 7,
+        conv1_t_stride: int = 1,
+        no_max_pool: bool = False,
+        shortcut_type: str = 'B',
+        widen_factor: float = 1.0,
+) -> ResNet:
+    if model_depth not in _DEPTHS:
+        raise ValueError(f'preresnet depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
+    block, layers = _DEPTHS[model_depth]
+    return ResNet(
+        block, layers, [int(w * widen_factor) for w in get_inplanes()],
+        n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
+        no_max_pool=no_max_pool, shortcut_type=shortcut_type, n_classes=n_classes)
