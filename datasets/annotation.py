@@ -1,0 +1,352 @@
+"""Annotation files -> compact per-video records.
+
+Formats (see the project's data-format notes):
+
+* kinetics / ucf101 / hmdb51 / mit / synthetic: ``{"labels": [...], "database":
+  {video_id: {"subset", "annotations": {"label", "segment": [b, e]},
+  "video_path"?}}}``.  ``segment`` is half-open; ``b == 0`` means 0-based frame
+  numbers (hdf5-built Kinetics files), otherwise 1-based (jpg-built files).
+  Either way every frame is used: ``n_frames = e - b``.
+* activitynet: the official file (``taxonomy`` + ``database`` with per-video
+  ``annotations`` lists in seconds and ``fps``); one record per annotated
+  segment.
+
+Frame *positions* inside the library are 0-based: position ``p`` is
+``image_{p+1:05d}.jpg`` in a jpg folder and element ``p`` of an hdf5 file.
+
+Building records does not touch the file system (no stat per video);
+:func:`check_videos` verifies the videos up front with one stat per video.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ['DataError', 'VideoRecord', 'load_annotations', 'load_class_names',
+           'check_videos', 'frame_file_name', 'STANDARD_DATASETS', 'SUBSETS']
+
+STANDARD_DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'synthetic')
+SUBSETS = ('training', 'validation', 'testing')
+# ActivityNet: segments with fewer frames than this are dropped (as the predecessor did).
+ACTIVITYNET_MIN_FRAMES = 8
+
+
+class DataError(ValueError):
+    """Bad or missing data: the message names the file / video and says how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class VideoRecord:
+    """One sample of a subset.  Small and immutable: no per-frame lists.
+
+    ``first_frame`` is the 0-based position of the segment's first frame,
+    ``n_frames`` its length; the positions are
+    ``range(first_frame, first_frame + n_frames)``.  ``segment`` is the
+    annotation's original [begin, end) (1-based for jpg-built files, 0-based
+    when begin == 0), kept for inference output.
+    """
+    video_id: str
+    path: str
+    first_frame: int
+    n_frames: int
+    label: int
+    segment: tuple[int, int]
+
+    @property
+    def positions(self) -> range:
+        return range(self.first_frame, self.first_frame + self.n_frames)
+
+    @property
+    def number_offset(self) -> int:
+        """Add to a 0-based position to get the annotation's frame number."""
+        return self.segment[0] - self.first_frame
+
+
+def frame_file_name(position: int) -> str:
+    """File name of 0-based frame ``position`` in a jpg folder."""
+    return f'image_{position + 1:05d}.jpg'
+
+
+def _read_json(annotation_path) -> dict:
+    path = Path(annotation_path)
+    if not path.is_file():
+        raise DataError(
+            f'annotation file {path} not found: check --annotation_path (and --root_path, '
+            f'which is prefixed to it), or use --dataset synthetic for the built-in data set')
+    try:
+        with path.open('r') as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f'annotation file {path} is not valid JSON ({e}): regenerate it '
+                        f'with the util_scripts conversion script') from None
+    if not isinstance(data, dict) or 'database' not in data:
+        raise DataError(f'annotation file {path} has no "database" key: it is not an '
+                        f'annotation file of the expected format (labels + database)')
+    return data
+
+
+def _activitynet_class_names(data: dict, path) -> list[str]:
+    taxonomy = data['taxonomy']
+    parents = {node['parentId'] for node in taxonomy}
+    return [node['nodeName'] for node in taxonomy if node['nodeId'] not in parents]
+
+
+def _class_names(data: dict, path) -> list[str]:
+    if 'labels' in data:
+        labels = data['labels']
+        if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+            raise DataError(f'annotation file {path}: "labels" must be a list of class names')
+        return list(labels)
+    if 'taxonomy' in data:
+        return _activitynet_class_names(data, path)
+    raise DataError(f'annotation file {path} has no "labels" list (nor an ActivityNet '
+                    f'"taxonomy"): regenerate it with the util_scripts conversion script')
+
+
+def load_class_names(annotation_path) -> list[str]:
+    """Class names (index = class id) of an annotation file of either format."""
+    return _class_names(_read_json(annotation_path), annotation_path)
+
+
+def _is_activitynet(dataset: str) -> bool:
+    return dataset.lower() == 'activitynet'
+
+
+def _resolve(video_path: Path, entry: dict, default: Path) -> str:
+    override = entry.get('video_path')
+    if override:
+        p = Path(override)
+        return str(p if p.is_absolute() else video_path / p)
+    return str(default)
+
+
+def _empty_subset_error(path, subset, database: dict, skipped: int = 0) -> DataError:
+    present = sorted({str(v.get('subset')) for v in database.values() if isinstance(v, dict)})
+    msg = (f"subset '{subset}' of {path} has no videos; subsets present: "
+           f"{', '.join(present) or 'none'}")
+    if skipped:
+        msg += (f" ({skipped} entries of the subset were skipped because they have no "
+                f"segment and their video is missing)")
+    return DataError(msg)
+
+
+def load_annotations(annotation_path, subset: str, video_path, dataset: str,
+                     file_type: str = 'jpg') -> tuple[list[VideoRecord], list[str]]:
+    """Records of ``subset`` ('training' | 'validation' | 'testing') and the class names.
+
+    Paths: ``<video_path>/<label>/<video_id>`` (jpg) or ``...<video_id>.hdf5``
+    (hdf5); entries without a label (test set) live under
+    ``<video_path>/test/``; an entry's ``video_path`` key overrides (relative to
+    ``video_path`` unless absolute).  ActivityNet: ``<video_path>/v_<video_id>``.
+
+    Entries that have no ``segment`` (the conversion script could not find
+    their video) are counted from disk if their video exists, else skipped
+    with a warning; this is the only file-system access here.
+    """
+    if subset not in SUBSETS:
+        raise DataError(f"subset must be one of {SUBSETS}, got {subset!r}")
+    if file_type not in ('jpg', 'hdf5'):
+        raise DataError(f"file_type must be 'jpg' or 'hdf5', got {file_type!r}")
+    data = _read_json(annotation_path)
+    class_names = _class_names(data, annotation_path)
+    database = data['database']
+    if not isinstance(database, dict):
+        raise DataError(f'annotation file {annotation_path}: "database" must be an object '
+                        f'mapping video ids to entries')
+    video_path = Path(video_path) if video_path is not None else Path('.')
+    if _is_activitynet(dataset):
+        records = _activitynet_records(data, database, class_names, annotation_path, subset,
+                                       video_path, file_type)
+    elif dataset.lower() in STANDARD_DATASETS:
+        records = _standard_records(database, class_names, annotation_path, subset,
+                                    video_path, file_type)
+    else:
+        raise DataError(f"unknown dataset {dataset!r}: expected one of "
+                        f"{STANDARD_DATASETS + ('activitynet',)}")
+    return records, class_names
+
+
+def _standard_records(database, class_names, path, subset, video_path, file_type):
+    class_ids = {name: i for i, name in enumerate(class_names)}
+    suffix = '.hdf5' if file_type == 'hdf5' else ''
+    records = []
+    skipped = 0
+    for video_id, entry in database.items():
+        if not isinstance(entry, dict) or entry.get('subset') != subset:
+            continue
+        ann = entry.get('annotations') or {}
+        if not isinstance(ann, dict):
+            raise DataError(f'video {video_id} in {path}: "annotations" is not an object with '
+                            f'"label" and "segment" (an ActivityNet file? then use --dataset '
+                            f'activitynet)')
+        label_name = ann.get('label')
+        if label_name is not None:
+            if label_name not in class_ids:
+                raise DataError(
+                    f'video {video_id} in {path} has label {label_name!r}, which is not in '
+                    f'the file\'s "labels" list: add it to "labels" or fix the entry')
+            label = class_ids[label_name]
+            default = video_path / label_name / f'{video_id}{suffix}'
+        else:
+            label = -1
+            default = video_path / 'test' / f'{video_id}{suffix}'
+        vpath = _resolve(video_path, entry, default)
+        segment = ann.get('segment')
+        if segment is None:
+            n = _count_frames(vpath, file_type)
+            if n is None:
+                skipped += 1
+                continue
+            segment = (1, n + 1) if file_type == 'jpg' else (0, n)
+        try:
+            begin, end = int(segment[0]), int(segment[1])
+        except (TypeError, ValueError, IndexError):
+            raise DataError(f'video {video_id} in {path}: segment {segment!r} is not a pair '
+                            f'of frame numbers [begin, end)') from None
+        if end <= begin:
+            raise DataError(
+                f'video {video_id} in {path} has an empty segment [{begin}, {end}) (end must be '
+                f'greater than begin): re-extract its frames and rebuild the annotation, or '
+                f'remove the entry')
+        first = begin if begin == 0 else begin - 1
+        records.append(VideoRecord(video_id, vpath, first, end - begin, label, (begin, end)))
+    if skipped:
+        warnings.warn(f"{path}: skipped {skipped} entries of subset '{subset}' that have no "
+                      f"segment and no video on disk", stacklevel=3)
+    if not records:
+        raise _empty_subset_error(path, subset, database, skipped)
+    return records
+
+
+def _count_frames(vpath: str, file_type: str):
+    """Frame count of a video on disk (only for entries without a segment), None if absent."""
+    try:
+        if file_type == 'jpg':
+            with os.scandir(vpath) as it:
+                return sum(1 for e in it if e.name.startswith('image_') and
+                           e.name.endswith('.jpg'))
+        import h5py
+        with h5py.File(vpath, 'r') as f:
+            key = 'video' if 'video' in f else 'video_u'
+            return len(f[key])
+    except (FileNotFoundError, NotADirectoryError, OSError, KeyError):
+        return None
+
+
+def _activitynet_records(data, database, class_names, path, subset, video_path, file_type):
+    """One record per annotated segment (frame number = floor(seconds * fps) + 1,
+    1-based); segments shorter than 8 frames are dropped.  Testing entries (no
+    annotations) give one record for the whole video, whose length is the
+    entry's ``n_frames`` if present, else floor(duration * fps)."""
+    class_ids = {name: i for i, name in enumerate(class_names)}
+    suffix = '.hdf5' if file_type == 'hdf5' else ''
+    records = []
+    for video_id, entry in database.items():
+        if not isinstance(entry, dict) or entry.get('subset') != subset:
+            continue
+        vpath = _resolve(video_path, entry, video_path / f'v_{video_id}{suffix}')
+        if 'fps' not in entry:
+            raise DataError(f'video {video_id} in {path} has no "fps": add it with the '
+                            f'ActivityNet preparation script (util_scripts) after extracting '
+                            f'frames')
+        fps = float(entry['fps'])
+        n_video = entry.get('n_frames')
+        if n_video is None and 'duration' in entry:
+            n_video = math.floor(float(entry['duration']) * fps)
+        annotations = entry.get('annotations') or []
+        if not annotations:
+            if n_video is None:
+                raise DataError(f'video {video_id} in {path} has neither "n_frames" nor '
+                                f'"duration": cannot tell its length')
+            if n_video >= 1:
+                records.append(VideoRecord(video_id, vpath, 0, int(n_video), -1,
+                                           (1, int(n_video) + 1)))
+            continue
+        for ann in annotations:
+            label_name = ann.get('label')
+            if label_name not in class_ids:
+                raise DataError(f'video {video_id} in {path} has label {label_name!r}, which '
+                                f'is not a leaf of the taxonomy: fix the entry')
+            begin = math.floor(float(ann['segment'][0]) * fps) + 1
+            end = math.floor(float(ann['segment'][1]) * fps) + 1
+            if n_video is not None:
+                end = min(end, int(n_video) + 1)
+            if end - begin < ACTIVITYNET_MIN_FRAMES:
+                continue
+            records.append(VideoRecord(video_id, vpath, begin - 1, end - begin,
+                                       class_ids[label_name], (begin, end)))
+    if not records:
+        raise _empty_subset_error(path, subset, database)
+    return records
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _check_one(item) -> str | None:
+    path, needed, file_type = item
+    if file_type == 'jpg':
+        last = os.path.join(path, frame_file_name(needed - 1))
+        try:
+            os.stat(last)
+            return None
+        except OSError:
+            pass
+        if not os.path.isdir(path):
+            return f'{path}: folder missing'
+        return f'{path}: needs {needed} frames but {frame_file_name(needed - 1)} is missing'
+    try:
+        import h5py
+        with h5py.File(path, 'r') as f:
+            key = 'video' if 'video' in f else ('video_u' if 'video_u' in f else None)
+            if key is None:
+                return f'{path}: no "video" (or "video_u") dataset'
+            n = len(f[key])
+    except FileNotFoundError:
+        return f'{path}: file missing'
+    except OSError as e:
+        return f'{path}: cannot be opened as hdf5 ({e})'
+    if n < needed:
+        return f'{path}: needs {needed} frames but has {n}'
+    return None
+
+
+def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
+                 n_sample: int | None = None, max_listed: int = 5,
+                 n_threads: int = 16) -> None:
+    """Verify that every video exists and has the frames its segment needs.
+
+    One stat per video (jpg: the last needed ``image_XXXXX.jpg``; hdf5: open
+    and read the length), run on a thread pool so that network file systems
+    are fast too.  ``n_sample``: check only that many videos drawn at random
+    (fixed seed).  Raises :class:`DataError` listing the first bad videos.
+    """
+    needed: dict[str, int] = {}
+    for r in records:
+        end = r.first_frame + r.n_frames
+        if needed.get(r.path, -1) < end:
+            needed[r.path] = end
+    items = [(p, n, file_type) for p, n in needed.items()]
+    if n_sample is not None and n_sample < len(items):
+        items = random.Random(0).sample(items, n_sample)
+    if len(items) > 64 and n_threads > 1:
+        with ThreadPoolExecutor(n_threads) as pool:
+            problems = [p for p in pool.map(_check_one, items, chunksize=64) if p]
+    else:
+        problems = [p for p in map(_check_one, items) if p]
+    if problems:
+        fix = ('re-extract the frames of these videos (util_scripts generate_video_jpgs / '
+               'generate_video_hdf5) and rebuild the annotation file, or remove their entries; '
+               'also check --video_path and --file_type')
+        listed = '\n  '.join(problems[:max_listed])
+        more = f'\n  ... and {len(problems) - max_listed} more' \
+            if len(problems) > max_listed else ''
+        raise DataError(f'{len(problems)} of {len(items)} videos are missing or too short '
+                        f'({file_type}):\n  {listed}{more}\nFix: {fix}')
+

@@ -1,0 +1,199 @@
+"""Clip-level spatial transforms on uint8 clips (T, C, H, W).
+
+The augmentation runs on the whole clip at once through
+``torchvision.transforms.v2`` with the clip wrapped as a ``tv_tensors.Video``:
+one random crop box / flip / colour-jitter draw for all frames, resizing with
+antialiased bilinear interpolation on uint8 (torchvision's fast uint8 path).
+Random parameters come from torch's global generator (seeded per DataLoader
+worker by PyTorch).  The last step converts to float32, scales to
+``[0, value_scale]``, normalises and permutes to (C, T, H, W), the network's
+input layout.
+
+Mean/std convention: :func:`get_mean_std` and the ``mean``/``std`` arguments
+of the builders are in the [0, 1] pixel scale; the builders multiply both by
+``value_scale``.  So ``build_*(mean=m, std=s, value_scale=v)`` computes
+``(x * v / 255 - m * v) / (s * v)`` for uint8 ``x``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+__all__ = ['get_mean_std', 'build_train_transform', 'build_eval_transform', 'ClipTransform',
+           'NormalizeToInput', 'MultiScaleCornerCrop', 'MEAN_STD']
+
+MEAN_STD = {
+    'kinetics': ([0.4345, 0.4051, 0.3775], [0.2768, 0.2713, 0.2737]),
+    'activitynet': ([0.4477, 0.4209, 0.3906], [0.2767, 0.2695, 0.2714]),
+    '0.5': ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]),
+}
+
+
+def get_mean_std(value_scale: float = 1, dataset: str = 'kinetics', no_mean_norm: bool = False,
+                 no_std_norm: bool = False) -> tuple[list[float], list[float]]:
+    """Normalisation statistics in the [0, 1] scale, for the ``build_*`` functions
+    (which multiply them by ``value_scale``).
+
+    ``no_mean_norm`` -> mean 0.  ``no_std_norm`` -> std ``1 / value_scale``, i.e.
+    exactly 1 once scaled: the input is then ``x * value_scale / 255 - mean``.
+    """
+    key = str(dataset)
+    if key not in MEAN_STD:
+        raise ValueError(f'--mean_dataset must be one of {sorted(MEAN_STD)}, got {dataset!r}')
+    mean, std = (list(v) for v in MEAN_STD[key])
+    if no_mean_norm:
+        mean = [0.0, 0.0, 0.0]
+    if no_std_norm:
+        std = [1.0 / value_scale] * 3
+    return mean, std
+
+
+class NormalizeToInput:
+    """uint8 (T, C, H, W) -> float32 (C, T, H, W) (also batched: (N, T, C, H, W) ->
+    (N, C, T, H, W)): ``(x * v / 255 - mean * v) / (std * v)``,
+    computed as one multiply-subtract per element on the permuted contiguous copy.
+    ``mean``/``std`` in the [0, 1] scale; a clip with fewer channels than
+    ``mean`` (2-channel flow) uses the first ones."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], value_scale: float = 1):
+        mean = torch.tensor([float(m) for m in mean], dtype=torch.float64)
+        std = torch.tensor([float(s) for s in std], dtype=torch.float64)
+        if (std <= 0).any():
+            raise ValueError(f'std must be positive, got {std.tolist()}')
+        self.mean, self.std, self.value_scale = mean.tolist(), std.tolist(), value_scale
+        # (x * v/255 - m*v) / (s*v) = x * gain - bias
+        self._gain = ((value_scale / 255.0) / (std * value_scale)).float()
+        self._bias = (mean / std).float()
+
+    def __call__(self, clip: torch.Tensor) -> torch.Tensor:
+        """(..., T, C, H, W) uint8 -> (..., C, T, H, W) float32, contiguous."""
+        clip = clip.as_subclass(torch.Tensor)
+        c = clip.shape[-3]
+        if c > self._gain.numel():
+            raise ValueError(f'clip has {c} channels but mean/std have {self._gain.numel()}')
+        x = clip.movedim(-3, -4).to(torch.float32, memory_format=torch.contiguous_format)
+        shape = (c, 1, 1, 1)
+        return x.mul_(self._gain[:c].view(shape)).sub_(self._bias[:c].view(shape))
+
+    def __repr__(self):
+        return f'NormalizeToInput(mean={self.mean}, std={self.std}, value_scale={self.value_scale})'
+
+
+def _query_size(flat_inputs: list[Any]) -> tuple[int, int]:
+    for x in flat_inputs:
+        if isinstance(x, torch.Tensor):
+            h, w = F.get_size(x)
+            return h, w
+    raise TypeError('no image/video tensor among the inputs')
+
+
+class MultiScaleCornerCrop(v2.Transform):
+    """Square crop of side ``short_side * scale`` (scale drawn from ``scales``) at
+    a position drawn from center / top-left / top-right / bottom-left /
+    bottom-right, resized to ``size`` -- one draw per call (per clip)."""
+
+    def __init__(self, size: int, scales: Sequence[float] = (1, 2 ** -0.25, 2 ** -0.5,
+                                                            2 ** -0.75, 0.5),
+                 positions: Sequence[str] = ('c', 'tl', 'tr', 'bl', 'br'), antialias=True):
+        super().__init__()
+        self.size = [int(size), int(size)]
+        self.scales = [float(s) for s in scales]
+        self.positions = list(positions)
+        self.antialias = antialias
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = _query_size(flat_inputs)
+        scale = self.scales[int(torch.randint(len(self.scales), ()))]
+        pos = self.positions[int(torch.randint(len(self.positions), ()))]
+        crop = max(1, int(min(height, width) * scale))
+        top = {'c': (height - crop) // 2, 'tl': 0, 'tr': 0,
+               'bl': height - crop, 'br': height - crop}[pos]
+        left = {'c': (width - crop) // 2, 'tl': 0, 'bl': 0,
+                'tr': width - crop, 'br': width - crop}[pos]
+        return dict(top=top, left=left, height=crop, width=crop)
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.resized_crop, inpt, **params, size=self.size,
+                                 antialias=self.antialias)
+
+
+class ClipTransform:
+    """``augment`` (uint8 -> uint8, whole clip, v2 transforms) then ``finish``
+    (-> normalised float (C, T, H, W)).  ``deterministic`` is True for eval
+    transforms: the data set may then augment the union of several clips'
+    frames once."""
+
+    def __init__(self, augment: v2.Transform | None, finish: NormalizeToInput,
+                 deterministic: bool):
+        self.augment_transform = augment
+        self.finish = finish
+        self.deterministic = deterministic
+
+    def augment(self, clip: torch.Tensor) -> torch.Tensor:
+        """uint8 (T, C, H, W) -> uint8 (T, C, h, w), same parameters for every frame."""
+        if self.augment_transform is None:
+            return clip
+        out = self.augment_transform(tv_tensors.Video(clip))
+        return out.as_subclass(torch.Tensor)
+
+    def __call__(self, clip: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.augment(clip))
+
+    def __repr__(self):
+        return f'ClipTransform(augment={self.augment_transform}, finish={self.finish})'
+
+
+def build_train_transform(sample_size: int, train_crop: str = 'random', min_scale: float = 0.25,
+                          min_ratio: float = 0.75, hflip: bool = True, colorjitter: bool = False,
+                          mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                          value_scale: float = 1) -> ClipTransform:
+    """Training augmentation for uint8 clips (T, C, H, W) -> float (C, T, H, W).
+
+    train_crop: 'random' = RandomResizedCrop(scale=(min_scale, 1), ratio=(min_ratio,
+    1 / min_ratio)); 'corner' = :class:`MultiScaleCornerCrop`; 'center' = resize
+    the short side to sample_size and center-crop.  Then horizontal flip
+    (p = 0.5) and ColorJitter(0.4, 0.4, 0.4, 0.1), each with one draw per clip.
+    mean/std in the [0, 1] scale (default: Kinetics), scaled by value_scale.
+    """
+    if mean is None or std is None:
+        dmean, dstd = get_mean_std(value_scale)
+        mean = dmean if mean is None else mean
+        std = dstd if std is None else std
+    if train_crop == 'random':
+        steps = [v2.RandomResizedCrop(sample_size, scale=(min_scale, 1.0),
+                                      ratio=(min_ratio, 1.0 / min_ratio), antialias=True)]
+    elif train_crop == 'corner':
+        steps = [MultiScaleCornerCrop(sample_size)]
+    elif train_crop == 'center':
+        steps = [v2.Resize(sample_size, antialias=True), v2.CenterCrop(sample_size)]
+    else:
+        raise ValueError(f"--train_crop must be random, corner or center, got {train_crop!r}")
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip(0.5))
+    if colorjitter:
+        steps.append(v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
+    return ClipTransform(v2.Compose(steps), NormalizeToInput(mean, std, value_scale),
+                         deterministic=False)
+
+
+def build_eval_transform(sample_size: int, mean: Sequence[float] | None = None,
+                         std: Sequence[float] | None = None, value_scale: float = 1,
+                         crop: str = 'center') -> ClipTransform:
+    """Validation / inference: resize the short side to sample_size, then center
+    crop ('center') or keep the whole frame ('nocrop')."""
+    if mean is None or std is None:
+        dmean, dstd = get_mean_std(value_scale)
+        mean = dmean if mean is None else mean
+        std = dstd if std is None else std
+    steps = [v2.Resize(sample_size, antialias=True)]
+    if crop == 'center':
+        steps.append(v2.CenterCrop(sample_size))
+    elif crop != 'nocrop':
+        raise ValueError(f"crop must be 'center' or 'nocrop', got {crop!r}")
+    return ClipTransform(v2.Compose(steps), NormalizeToInput(mean, std, value_scale),
+                         deterministic=True)
+

@@ -1,0 +1,157 @@
+"""Map-style data sets over :class:`~datasets.annotation.VideoRecord` lists.
+
+An item decodes the union of the frame positions it needs once (one loader
+call), augments the decoded uint8 frames once (one set of random parameters
+per item) and only then indexes the clips out of it and converts to float.
+"""
+from __future__ import annotations
+
+from itertools import chain
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from datasets.annotation import DataError, VideoRecord
+from datasets.spatial_transforms import ClipTransform
+
+__all__ = ['VideoClipDataset', 'VideoWindowDataset']
+
+
+def _load(loader, record: VideoRecord, positions: list[int]) -> torch.Tensor:
+    try:
+        return loader(record.path, positions)
+    except DataError as e:
+        if record.video_id in str(e):
+            raise
+        raise DataError(f'{e} [video {record.video_id}]') from None
+    except (OSError, RuntimeError) as e:
+        raise DataError(f'loading video {record.video_id} ({record.path}) failed: {e}; '
+                        f're-extract its frames or remove it from the annotation file') from e
+
+
+def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],
+                spatial: Callable | None, multi: bool) -> torch.Tensor:
+    """Cut ``clips`` (lists of positions) out of ``frames`` (decoded ``union``,
+    uint8 (U, C, H, W)) and transform them -> (C, T, H, W) or (N, C, T, H, W)."""
+    where = {p: i for i, p in enumerate(union)}
+    flat = [where[p] for p in chain.from_iterable(clips)]
+    n, t = len(clips), len(clips[0])
+    identity = flat == list(range(len(union)))
+    if isinstance(spatial, ClipTransform) and (spatial.deterministic or not multi):
+        # one augmentation draw for the item, applied to the distinct frames once
+        aug = spatial.augment(frames)
+        sel = aug if identity else aug[torch.tensor(flat)]
+        out = spatial.finish(sel.reshape(n, t, *sel.shape[1:]))  # (N, C, T, H, W)
+        return out if multi else out[0]
+    per_clip = []
+    for k in range(n):
+        idx = torch.tensor(flat[k * t:(k + 1) * t])
+        clip = frames[idx]
+        per_clip.append(spatial(clip) if spatial is not None else clip.movedim(1, 0))
+    return torch.stack(per_clip) if multi else per_clip[0]
+
+
+class VideoClipDataset(Dataset):
+    """One item per record: ``(clip, label)``.
+
+    ``temporal_transform(positions)`` returns one clip (list of positions) ->
+    clip float (C, T, H, W), or a list of clips (e.g. TemporalEvenCrop for
+    validation) -> clips float (N, C, T, H, W), all with the same spatial
+    transform (an eval transform is applied once to the union of the
+    frames).  ``temporal_transform=None`` uses every frame; ``spatial_transform=None``
+    returns the uint8 clip permuted to (C, T, H, W).
+    """
+
+    def __init__(self, records: Sequence[VideoRecord], loader: Callable,
+                 temporal_transform: Callable | None = None,
+                 spatial_transform: Callable | None = None):
+        self.records = records
+        self.loader = loader
+        self.temporal_transform = temporal_transform
+        self.spatial_transform = spatial_transform
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.fromiter((r.label for r in self.records), dtype=np.int64,
+                           count=len(self.records))
+
+    def __getitem__(self, i: int):
+        record = self.records[i]
+        frames = record.positions
+        sel = self.temporal_transform(frames) if self.temporal_transform is not None \
+            else list(frames)
+        multi = isinstance(sel[0], (list, tuple, range))
+        clips = sel if multi else [sel]
+        union = sorted(set(chain.from_iterable(clips)))
+        decoded = _load(self.loader, record, union)
+        return _make_clips(decoded, union, clips, self.spatial_transform, multi), record.label
+
+
+class VideoWindowDataset(Dataset):
+    """Inference: one item per (video, sliding window) ->
+    ``(clip (C, T, H, W), video_index, (seg_begin, seg_end))`` where the segment
+    is the half-open range of frames the window covers (clipped at the video's
+    end) in the annotation's numbering (1-based for jpg-built files).
+
+    Windows of a video are contiguous in index order; ``video_of_item[i]`` is
+    the record index of item ``i`` (numpy int64), so videos can be sharded
+    over ranks by contiguous item ranges (:meth:`shard`).
+    """
+
+    def __init__(self, records: Sequence[VideoRecord], loader: Callable, sliding_window,
+                 spatial_transform: Callable | None = None):
+        self.records = records
+        self.loader = loader
+        self.sliding_window = sliding_window
+        self.spatial_transform = spatial_transform
+        n_frames = np.fromiter((r.n_frames for r in records), dtype=np.int64,
+                               count=len(records))
+        if hasattr(sliding_window, 'span') and hasattr(sliding_window, 'window_stride'):
+            room = np.maximum(0, n_frames - sliding_window.span)
+            stride = sliding_window.window_stride
+            n_windows = 1 + (room + stride - 1) // stride
+        else:
+            n_windows = np.array([sliding_window.n_windows(int(n)) for n in n_frames],
+                                 dtype=np.int64)
+        self.n_windows = n_windows
+        self.video_offsets = np.concatenate([[0], np.cumsum(n_windows)]).astype(np.int64)
+        self.video_of_item = np.repeat(np.arange(len(records), dtype=np.int64), n_windows)
+        self.window_of_item = (np.arange(int(self.video_offsets[-1]), dtype=np.int64)
+                               - np.repeat(self.video_offsets[:-1], n_windows))
+
+    def __len__(self) -> int:
+        return int(self.video_offsets[-1])
+
+    def items_of_video(self, v: int) -> range:
+        return range(int(self.video_offsets[v]), int(self.video_offsets[v + 1]))
+
+    def shard(self, rank: int, world_size: int) -> range:
+        """Contiguous item range of ``rank``: whole videos, about equal item counts."""
+        total = len(self)
+        bounds = [0]
+        for r in range(1, world_size):
+            target = total * r // world_size
+            v = int(np.searchsorted(self.video_offsets, target, side='left'))
+            bounds.append(int(self.video_offsets[min(v, len(self.records))]))
+        bounds.append(total)
+        bounds = np.maximum.accumulate(bounds)
+        return range(int(bounds[rank]), int(bounds[rank + 1]))
+
+    def __getitem__(self, i: int):
+        v = int(self.video_of_item[i])
+        k = int(self.window_of_item[i])
+        record = self.records[v]
+        sw = self.sliding_window
+        positions = sw.window(record.positions, k)
+        union = sorted(set(positions))
+        decoded = _load(self.loader, record, union)
+        clip = _make_clips(decoded, union, [positions], self.spatial_transform, False)
+        start = sw.start(record.n_frames, k)
+        end = min(start + sw.span, record.n_frames)
+        first_number = record.segment[0]  # annotation's number of position first_frame
+        return clip, v, (start + first_number, end + first_number)

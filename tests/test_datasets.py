@@ -1,0 +1,381 @@
+"""Annotation reader, clip loaders and data sets (tiny data written to tmp_path)."""
+import json
+import pickle
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torchvision.io import encode_jpeg
+
+from datasets import loader as loader_module
+from datasets.annotation import (DataError, VideoRecord, check_videos, load_annotations,
+                                 load_class_names)
+from datasets.loader import Hdf5ClipLoader, Hdf5FlowLoader, JpgClipLoader, make_loader
+from datasets.spatial_transforms import build_eval_transform, build_train_transform
+from datasets.temporal_transforms import (SlidingWindow, TemporalEvenCrop,
+                                          TemporalRandomCrop)
+from datasets.videodataset import VideoClipDataset, VideoWindowDataset
+
+SIZE = 32
+
+
+def colour(p):
+    """Solid colour of frame position p (distinct per frame, far from JPEG clipping)."""
+    return (20 + 10 * p, 220 - 10 * p, 60 + 5 * p)
+
+
+def jpeg_frames(n, size=SIZE, gray=False):
+    out = []
+    for p in range(n):
+        if gray:
+            img = torch.full((1, size, size), 30 + 10 * p, dtype=torch.uint8)
+        else:
+            img = torch.tensor(colour(p), dtype=torch.uint8).view(3, 1, 1).expand(3, size, size)
+        out.append(encode_jpeg(img.contiguous(), quality=95).numpy().tobytes())
+    return out
+
+
+def write_jpg_video(folder, n, size=SIZE):
+    folder.mkdir(parents=True, exist_ok=True)
+    for p, data in enumerate(jpeg_frames(n, size)):
+        (folder / f'image_{p + 1:05d}.jpg').write_bytes(data)
+    return folder
+
+
+def write_hdf5_video(path, n, size=SIZE, flow=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    vlen = h5py.vlen_dtype(np.uint8)
+    with h5py.File(path, 'w') as f:
+        keys = ('video_u', 'video_v') if flow else ('video',)
+        for key in keys:
+            ds = f.create_dataset(key, (n,), dtype=vlen)
+            for p, data in enumerate(jpeg_frames(n, size, gray=flow)):
+                ds[p] = np.frombuffer(data, dtype=np.uint8)
+    return path
+
+
+def write_annotation(path, database, labels=('walk', 'run')):
+    path.write_text(json.dumps({'labels': list(labels), 'database': database}))
+    return path
+
+
+def assert_solid(clip_frame, rgb, tol=4):
+    means = clip_frame.float().mean(dim=(1, 2))
+    assert torch.allclose(means, torch.tensor(rgb, dtype=torch.float32), atol=tol), \
+        (means.tolist(), rgb)
+
+
+# ----------------------------------------------------------------------------- annotation
+
+def test_one_based_jpg_and_zero_based_hdf5_segments_use_every_frame(tmp_path):
+    ann = write_annotation(tmp_path / 'a.json', {
+        'jpgvid': {'subset': 'training', 'annotations': {'label': 'run', 'segment': [1, 9]}},
+        'h5vid': {'subset': 'training', 'annotations': {'label': 'walk', 'segment': [0, 8]}},
+        'other': {'subset': 'validation', 'annotations': {'label': 'walk', 'segment': [1, 5]}},
+    })
+    records, names = load_annotations(ann, 'training', tmp_path / 'v', 'kinetics')
+    assert names == ['walk', 'run']
+    by_id = {r.video_id: r for r in records}
+    assert set(by_id) == {'jpgvid', 'h5vid'}
+    for r in records:
+        assert list(r.positions) == list(range(8))  # last frame (position 7) included
+        assert r.n_frames == 8
+    assert by_id['jpgvid'].segment == (1, 9) and by_id['h5vid'].segment == (0, 8)
+    assert by_id['jpgvid'].label == 1 and by_id['h5vid'].label == 0
+    assert by_id['jpgvid'].path == str(tmp_path / 'v' / 'run' / 'jpgvid')
+    records, _ = load_annotations(ann, 'training', tmp_path / 'v', 'ucf101', file_type='hdf5')
+    assert {r.path for r in records} == {str(tmp_path / 'v' / 'run' / 'jpgvid.hdf5'),
+                                         str(tmp_path / 'v' / 'walk' / 'h5vid.hdf5')}
+
+
+def test_testing_subset_path_label_and_missing_segment(tmp_path):
+    write_jpg_video(tmp_path / 'v' / 'test' / 'counted', 3)
+    ann = write_annotation(tmp_path / 'a.json', {
+        't1': {'subset': 'testing', 'annotations': {'segment': [1, 6]}},
+        'counted': {'subset': 'testing', 'annotations': {}},
+        'gone': {'subset': 'testing', 'annotations': {}},
+        'rel': {'subset': 'testing', 'annotations': {'segment': [1, 3]},
+                'video_path': 'elsewhere/rel'},
+        'abs': {'subset': 'testing', 'annotations': {'segment': [1, 3]},
+                'video_path': str(tmp_path / 'abs_dir')},
+    })
+    with pytest.warns(UserWarning, match='skipped 1'):
+        records, _ = load_annotations(ann, 'testing', tmp_path / 'v', 'kinetics')
+    by_id = {r.video_id: r for r in records}
+    assert set(by_id) == {'t1', 'counted', 'rel', 'abs'}
+    assert all(r.label == -1 for r in records)
+    assert by_id['t1'].path == str(tmp_path / 'v' / 'test' / 't1')
+    assert by_id['t1'].n_frames == 5
+    assert by_id['counted'].n_frames == 3 and by_id['counted'].first_frame == 0
+    assert by_id['rel'].path == str(tmp_path / 'v' / 'elsewhere' / 'rel')
+    assert by_id['abs'].path == str(tmp_path / 'abs_dir')
+
+
+def _raises_naming(fn, *needles):
+    with pytest.raises(DataError) as info:
+        fn()
+    for needle in needles:
+        assert str(needle) in str(info.value), (needle, str(info.value))
+    return str(info.value)
+
+
+def test_annotation_errors_name_file_and_video(tmp_path):
+    v = tmp_path / 'v'
+    missing = tmp_path / 'nope.json'
+    _raises_naming(lambda: load_annotations(missing, 'training', v, 'kinetics'), missing)
+
+    no_labels = tmp_path / 'nolabels.json'
+    no_labels.write_text(json.dumps({'database': {}}))
+    _raises_naming(lambda: load_annotations(no_labels, 'training', v, 'kinetics'),
+                   no_labels, '"labels"')
+    no_db = tmp_path / 'nodb.json'
+    no_db.write_text(json.dumps({'labels': ['a']}))
+    _raises_naming(lambda: load_annotations(no_db, 'training', v, 'kinetics'), no_db,
+                   '"database"')
+
+    bad_label = write_annotation(tmp_path / 'badlabel.json', {
+        'vid42': {'subset': 'training', 'annotations': {'label': 'swim', 'segment': [1, 5]}}})
+    _raises_naming(lambda: load_annotations(bad_label, 'training', v, 'kinetics'),
+                   bad_label, 'vid42', 'swim')
+
+    only_train = write_annotation(tmp_path / 'train_only.json', {
+        'x': {'subset': 'training', 'annotations': {'label': 'run', 'segment': [1, 5]}}})
+    msg = _raises_naming(lambda: load_annotations(only_train, 'validation', v, 'kinetics'),
+                         "subset 'validation' of", only_train, 'has no videos')
+    assert 'subsets present: training' in msg
+
+    empty_seg = write_annotation(tmp_path / 'emptyseg.json', {
+        'vid7': {'subset': 'training', 'annotations': {'label': 'run', 'segment': [5, 5]}}})
+    _raises_naming(lambda: load_annotations(empty_seg, 'training', v, 'kinetics'),
+                   empty_seg, 'vid7')
+    with pytest.raises(DataError, match='unknown dataset'):
+        load_annotations(only_train, 'training', v, 'youtube8m')
+
+
+def test_load_class_names_both_formats(tmp_path):
+    ann = write_annotation(tmp_path / 'a.json', {}, labels=('b', 'a', 'c'))
+    assert load_class_names(ann) == ['b', 'a', 'c']
+    anet = tmp_path / 'anet.json'
+    anet.write_text(json.dumps({'taxonomy': [
+        {'nodeId': 1, 'nodeName': 'Root', 'parentId': None, 'parentName': None},
+        {'nodeId': 2, 'nodeName': 'Sports', 'parentId': 1, 'parentName': 'Root'},
+        {'nodeId': 3, 'nodeName': 'Surfing', 'parentId': 2, 'parentName': 'Sports'},
+        {'nodeId': 4, 'nodeName': 'Cooking', 'parentId': 1, 'parentName': 'Root'}],
+        'database': {}}))
+    assert load_class_names(anet) == ['Surfing', 'Cooking']
+
+
+def test_activitynet_segments_in_seconds(tmp_path):
+    anet = tmp_path / 'anet.json'
+    anet.write_text(json.dumps({'taxonomy': [
+        {'nodeId': 1, 'nodeName': 'Root', 'parentId': None},
+        {'nodeId': 3, 'nodeName': 'Surfing', 'parentId': 1},
+        {'nodeId': 4, 'nodeName': 'Cooking', 'parentId': 1}],
+        'database': {
+            'abc': {'subset': 'training', 'fps': 10, 'duration': 5.0, 'annotations': [
+                {'label': 'Cooking', 'segment': [0.0, 1.0]},     # frames 1..10 -> 10 frames
+                {'label': 'Surfing', 'segment': [2.05, 2.5]},    # 21..25 -> 5 frames: dropped
+                {'label': 'Surfing', 'segment': [3.0, 9.0]}]},   # clipped at 50 frames
+            'tst': {'subset': 'testing', 'fps': 10, 'duration': 2.0, 'annotations': []}}}))
+    records, names = load_annotations(anet, 'training', tmp_path / 'v', 'activitynet')
+    assert names == ['Surfing', 'Cooking']
+    assert [(r.first_frame, r.n_frames, r.label, r.segment) for r in records] == \
+        [(0, 10, 1, (1, 11)), (30, 20, 0, (31, 51))]
+    assert records[0].path == str(tmp_path / 'v' / 'v_abc')
+    records, _ = load_annotations(anet, 'testing', tmp_path / 'v', 'activitynet')
+    assert [(r.video_id, r.first_frame, r.n_frames, r.label) for r in records] == \
+        [('tst', 0, 20, -1)]
+
+
+def test_check_videos(tmp_path):
+    write_jpg_video(tmp_path / 'v' / 'run' / 'good', 8)
+    write_jpg_video(tmp_path / 'v' / 'run' / 'short', 7)
+    good = VideoRecord('good', str(tmp_path / 'v' / 'run' / 'good'), 0, 8, 1, (1, 9))
+    short = VideoRecord('short', str(tmp_path / 'v' / 'run' / 'short'), 0, 8, 1, (1, 9))
+    absent = VideoRecord('absent', str(tmp_path / 'v' / 'run' / 'absent'), 0, 8, 1, (1, 9))
+    check_videos([good], 'jpg')
+    msg = _raises_naming(lambda: check_videos([good, short, absent], 'jpg'),
+                         'short', 'image_00008.jpg', 'absent', '2 of 3', 're-extract')
+    assert f'{good.path}:' not in msg
+
+    write_hdf5_video(tmp_path / 'h' / 'ok.hdf5', 8)
+    ok = VideoRecord('ok', str(tmp_path / 'h' / 'ok.hdf5'), 0, 8, 0, (0, 8))
+    too_long = VideoRecord('ok', str(tmp_path / 'h' / 'ok.hdf5'), 2, 8, 0, (2, 10))
+    check_videos([ok], 'hdf5')
+    _raises_naming(lambda: check_videos([ok, too_long], 'hdf5'), 'ok.hdf5', 'has 8')
+    # many videos (thread pool path): one bad one among 80 is found
+    many = []
+    for i in range(80):
+        folder = tmp_path / 'many' / f'm{i}'
+        folder.mkdir(parents=True)
+        if i != 37:
+            (folder / 'image_00002.jpg').write_bytes(b'x')
+        many.append(VideoRecord(f'm{i}', str(folder), 0, 2, 0, (1, 3)))
+    _raises_naming(lambda: check_videos(many, 'jpg'), 'm37', '1 of 80')
+
+
+# ----------------------------------------------------------------------------- loaders
+
+def test_jpg_loader_pixels_repeats_and_single_decode(tmp_path, monkeypatch):
+    video = write_jpg_video(tmp_path / 'vid', 8)
+    loader = JpgClipLoader()
+    clip = loader(str(video), [0, 3, 7])
+    assert clip.dtype == torch.uint8 and clip.shape == (3, 3, SIZE, SIZE)
+    for k, p in enumerate([0, 3, 7]):
+        assert_solid(clip[k], colour(p))
+
+    calls = []
+    real = loader_module.decode_jpeg
+
+    def spy(data, **kw):
+        calls.append(len(data))
+        return real(data, **kw)
+    monkeypatch.setattr(loader_module, 'decode_jpeg', spy)
+    clip = loader(video, [5, 2, 5, 5, 2])
+    assert calls == [2]  # two distinct frames, one batched decode call
+    assert clip.shape[0] == 5
+    assert torch.equal(clip[0], clip[2]) and torch.equal(clip[1], clip[4])
+    assert_solid(clip[1], colour(2))
+
+
+def test_jpg_loader_missing_and_corrupt_frames(tmp_path):
+    video = write_jpg_video(tmp_path / 'vid', 8)
+    loader = JpgClipLoader()
+    msg = _raises_naming(lambda: loader(video, range(0, 9)), 'image_00009.jpg', video)
+    assert 're-extract' in msg
+    (video / 'image_00004.jpg').write_bytes(b'this is not a jpeg at all' * 10)
+    _raises_naming(lambda: loader(video, range(0, 8)), 'image_00004.jpg', 'corrupt')
+    (video / 'image_00005.jpg').write_bytes(b'')
+    _raises_naming(lambda: loader(video, [4]), 'image_00005.jpg')
+    _raises_naming(lambda: loader(tmp_path / 'no_such_video', [0]), 'no_such_video')
+
+
+def test_hdf5_loader_matches_jpg_and_loads_last_frame(tmp_path):
+    video = write_jpg_video(tmp_path / 'vid', 8)
+    h5 = write_hdf5_video(tmp_path / 'vid.hdf5', 8)
+    jl, hl = JpgClipLoader(), Hdf5ClipLoader(max_open=1)
+    for positions in ([0, 1, 2, 3], [0, 2, 7], [7, 7, 1], [7]):
+        assert torch.equal(jl(video, positions), hl(h5, positions))
+    assert_solid(hl(h5, [7])[0], colour(7))  # last frame of a 0-based 8-frame video
+    _raises_naming(lambda: hl(h5, [8]), 'vid.hdf5', '8 frames')
+    _raises_naming(lambda: hl(tmp_path / 'missing.hdf5', [0]), 'missing.hdf5')
+    # LRU bound, and pickling drops open handles (fork/spawn safe)
+    other = write_hdf5_video(tmp_path / 'other.hdf5', 4)
+    hl(other, [0])
+    assert len(hl._files) == 1
+    clone = pickle.loads(pickle.dumps(hl))
+    assert len(clone._files) == 0
+    assert torch.equal(clone(h5, [3]), hl(h5, [3]))
+
+
+def test_hdf5_flow_loader(tmp_path):
+    h5 = write_hdf5_video(tmp_path / 'flow.hdf5', 6, flow=True)
+    clip = Hdf5FlowLoader()(h5, [0, 5, 5])
+    assert clip.shape == (3, 2, SIZE, SIZE) and clip.dtype == torch.uint8
+    assert abs(clip[1].float().mean().item() - 80) < 3
+    assert isinstance(make_loader('hdf5', 'flow'), Hdf5FlowLoader)
+    assert isinstance(make_loader('jpg', 'rgb'), JpgClipLoader)
+    assert isinstance(make_loader('hdf5', 'rgb'), Hdf5ClipLoader)
+    with pytest.raises(DataError):
+        make_loader('jpg', 'flow')
+
+
+# ----------------------------------------------------------------------------- data sets
+
+def _records(tmp_path, lengths, label=0):
+    recs = []
+    for i, n in enumerate(lengths):
+        folder = write_jpg_video(tmp_path / 'v' / 'walk' / f'vid{i}', n)
+        recs.append(VideoRecord(f'vid{i}', str(folder), 0, n, label, (1, n + 1)))
+    return recs
+
+
+class CountingLoader(JpgClipLoader):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __call__(self, video_dir, positions):
+        self.calls.append(list(positions))
+        return super().__call__(video_dir, positions)
+
+
+def test_clip_dataset_single_and_multi_clip(tmp_path):
+    recs = _records(tmp_path, [8, 12])
+    loader = CountingLoader()
+    train = VideoClipDataset(recs, loader, TemporalRandomCrop(4, 2),
+                             build_train_transform(16, min_scale=0.5))
+    clip, label = train[1]
+    assert clip.shape == (3, 4, 16, 16) and clip.dtype == torch.float32 and label == 0
+    assert len(loader.calls) == 1
+
+    ev = build_eval_transform(16)
+    val = VideoClipDataset(recs, loader, TemporalEvenCrop(4, 3), ev)
+    loader.calls.clear()
+    clips, label = val[1]
+    assert clips.shape == (3, 3, 4, 16, 16) and clips.is_contiguous()
+    assert len(loader.calls) == 1 and loader.calls[0] == list(range(12))  # union, decoded once
+    # same result as transforming every clip on its own
+    for k, positions in enumerate(TemporalEvenCrop(4, 3)(range(12))):
+        expected = ev(JpgClipLoader()(recs[1].path, positions))
+        assert torch.allclose(clips[k], expected, atol=1e-5)
+    # short video, 3 overlapping loop-padded clips
+    clips, _ = VideoClipDataset(_records(tmp_path / 's', [2]), JpgClipLoader(),
+                                TemporalEvenCrop(4, 3), ev)[0]
+    assert clips.shape == (3, 3, 4, 16, 16)
+    batch = torch.utils.data.default_collate([val[0], val[1]])
+    assert batch[0].shape == (2, 3, 3, 4, 16, 16)
+
+
+def test_dataset_error_names_video(tmp_path):
+    rec = VideoRecord('lost_video', str(tmp_path / 'walk' / 'lost_video'), 0, 8, 0, (1, 9))
+    ds = VideoClipDataset([rec], JpgClipLoader(), TemporalRandomCrop(4),
+                          build_eval_transform(16))
+    _raises_naming(lambda: ds[0], 'lost_video')
+
+
+def test_window_dataset_covers_videos_contiguously(tmp_path):
+    recs = _records(tmp_path, [8, 20, 3])
+    # hdf5-style 0-based record for the numbering check
+    h5 = write_hdf5_video(tmp_path / 'z.hdf5', 6)
+    sw = SlidingWindow(4, 4)
+    ds = VideoWindowDataset(recs, JpgClipLoader(), sw, build_eval_transform(16))
+    assert ds.video_of_item.tolist() == [0, 0, 1, 1, 1, 1, 1, 2]
+    assert len(ds) == 8
+    for v, r in enumerate(recs):
+        items = ds.items_of_video(v)
+        assert list(items) == [i for i in range(len(ds)) if ds.video_of_item[i] == v]
+        covered = set()
+        for i in items:
+            clip, vi, (b, e) = ds[i]
+            assert vi == v and clip.shape == (3, 4, 16, 16)
+            covered.update(range(b, e))
+        assert covered == set(range(1, r.n_frames + 1))  # 1-based numbers, every frame
+    assert ds[0][2] == (1, 5) and ds[1][2] == (5, 9) and ds[6][2] == (17, 21)
+    ds0 = VideoWindowDataset([VideoRecord('z', str(h5), 0, 6, -1, (0, 6))], Hdf5ClipLoader(),
+                             sw, build_eval_transform(16))
+    assert [ds0[i][2] for i in range(len(ds0))] == [(0, 4), (4, 6)]
+    # shards: contiguous, whole videos, cover everything
+    for world in (1, 2, 3, 5):
+        shards = [ds.shard(r, world) for r in range(world)]
+        assert [i for s in shards for i in s] == list(range(len(ds)))
+        for s in shards:
+            if len(s):
+                assert s.start == 0 or ds.video_of_item[s.start] != ds.video_of_item[s.start - 1]
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=3)))
+    assert batch[0].shape == (3, 3, 4, 16, 16) and batch[1].tolist() == [0, 0, 1]
+
+
+def test_hdf5_dataset_in_worker_processes(tmp_path):
+    paths = [write_hdf5_video(tmp_path / f'v{i}.hdf5', 8) for i in range(3)]
+    recs = [VideoRecord(f'v{i}', str(p), 0, 8, i, (0, 8)) for i, p in enumerate(paths)]
+    loader = Hdf5ClipLoader()
+    ds = VideoClipDataset(recs, loader, TemporalRandomCrop(4), build_eval_transform(16))
+    ds[0]  # parent opens a file before the workers start
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        dl = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1)
+        clips, labels = next(iter(dl))
+    assert clips.shape == (3, 3, 4, 16, 16) and labels.tolist() == [0, 1, 2]
