@@ -1,0 +1,146 @@
+"""Builds the training, validation and inference data sets and their loaders.
+
+Where a clip comes from, in order:
+  annotation JSON -> VideoRecord (datasets/annotation.py)
+  temporal transform picks frame positions (datasets/temporal_transforms.py)
+  loader reads and decodes those frames at once (datasets/loader.py)
+  spatial transform crops/flips/resizes the whole uint8 clip, then normalises
+  (datasets/spatial_transforms.py)
+  DataLoader batches clips (C, T, H, W) -> (N, C, T, H, W) for the model.
+"""
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from datasets.annotation import DataError, check_videos, load_annotations
+from datasets.loader import make_loader
+from datasets.samplers import ShardSampler, VideoShardSampler
+from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
+from datasets.synthetic import prepare_synthetic
+from datasets.temporal_transforms import (SlidingWindow, TemporalCenterCrop, TemporalEvenCrop,
+                                          TemporalRandomCrop)
+from datasets.videodataset import VideoClipDataset, VideoWindowDataset
+from opts import OptionError
+
+SUBSETS = {'train': 'training', 'val': 'validation', 'test': 'testing'}
+DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
+
+
+def prepare_synthetic_paths(opt, ctx):
+    """--dataset synthetic: generates the data set once (video_path is its root,
+    default data/synthetic) and points video_path/annotation_path at it."""
+    from utils.distributed import barrier
+    root = opt.video_path if opt.video_path is not None else \
+        (opt.root_path or Path('.')) / DEFAULT_SYNTHETIC_ROOT
+    if ctx.local_rank == 0:
+        prepare_synthetic(root, seed=0)
+    barrier(ctx)
+    video_path, annotation_path = prepare_synthetic(root, seed=0)  # instant once written
+    opt.video_path = Path(video_path)
+    if opt.annotation_path is None:
+        opt.annotation_path = Path(annotation_path)
+
+
+def _mean_std(opt):
+    return get_mean_std(opt.value_scale, dataset=opt.mean_dataset,
+                        no_mean_norm=opt.no_mean_norm, no_std_norm=opt.no_std_norm)
+
+
+def _records(opt, subset):
+    records, class_names = load_annotations(opt.annotation_path, subset, opt.video_path,
+                                            opt.dataset, file_type=opt.file_type)
+    if len(class_names) != opt.n_classes:
+        raise DataError(f'--n_classes is {opt.n_classes} but {opt.annotation_path} has '
+                        f'{len(class_names)} labels: set --n_classes {len(class_names)}')
+    check_videos(records, opt.file_type)
+    return records, class_names
+
+
+def get_training_data(opt):
+    records, class_names = _records(opt, 'training')
+    if opt.train_t_crop == 'random':
+        temporal = TemporalRandomCrop(opt.sample_duration, opt.sample_t_stride)
+    else:
+        temporal = TemporalCenterCrop(opt.sample_duration, opt.sample_t_stride)
+    mean, std = _mean_std(opt)
+    spatial = build_train_transform(opt.sample_size, train_crop=opt.train_crop,
+                                    min_scale=opt.train_crop_min_scale,
+                                    min_ratio=opt.train_crop_min_ratio,
+                                    hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
+                                    mean=mean, std=std, value_scale=opt.value_scale)
+    loader = make_loader(opt.file_type, opt.input_type)
+    return VideoClipDataset(records, loader, temporal, spatial), class_names
+
+
+def get_validation_data(opt):
+    """One item per video: n_val_samples clips spread evenly over it."""
+    records, class_names = _records(opt, 'validation')
+    temporal = TemporalEvenCrop(opt.sample_duration, opt.n_val_samples, opt.sample_t_stride)
+    mean, std = _mean_std(opt)
+    spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
+                                   value_scale=opt.value_scale, crop='center')
+    loader = make_loader(opt.file_type, opt.input_type)
+    return VideoClipDataset(records, loader, temporal, spatial), class_names
+
+
+def get_inference_data(opt):
+    """One item per sliding window; windows of a video are contiguous."""
+    records, class_names = _records(opt, SUBSETS[opt.inference_subset])
+    temporal = SlidingWindow(opt.sample_duration, opt.inference_stride, opt.sample_t_stride)
+    mean, std = _mean_std(opt)
+    spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
+                                   value_scale=opt.value_scale, crop=opt.inference_crop)
+    loader = make_loader(opt.file_type, opt.input_type)
+    return VideoWindowDataset(records, loader, temporal, spatial), class_names
+
+
+def _loader_kwargs(opt, ctx):
+    kwargs = dict(num_workers=opt.n_threads, pin_memory=ctx.device.type == 'cuda')
+    if opt.n_threads > 0:
+        kwargs['prefetch_factor'] = 4
+    return kwargs
+
+
+def per_process_batch(batch_size, ctx, option='--batch_size'):
+    if batch_size % ctx.world_size:
+        raise OptionError(f'{option} {batch_size} is the global batch and must be divisible '
+                         f'by the number of processes ({ctx.world_size})')
+    return batch_size // ctx.world_size
+
+
+def make_train_loader(dataset, opt, ctx):
+    """Shuffles with DistributedSampler in every run (a single process is one
+    replica), so the order depends only on --manual_seed and the epoch: a
+    resumed run sees the same batches as an uninterrupted one."""
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                 shuffle=True, seed=opt.manual_seed, drop_last=False)
+    micro_batch = per_process_batch(opt.batch_size, ctx)
+    if micro_batch > len(sampler):
+        raise DataError(f'--batch_size {opt.batch_size} is larger than the training set '
+                        f'({len(dataset)} videos over {ctx.world_size} processes): lower it')
+    # drop_last: a 1-clip batch breaks BatchNorm and distorts the epoch mean.
+    return DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
+                      **_loader_kwargs(opt, ctx))
+
+
+def make_val_loader(dataset, opt, ctx):
+    sampler = ShardSampler(len(dataset), ctx.rank, ctx.world_size)
+    batch = max(1, per_process_batch(opt.batch_size, ctx) // max(1, opt.n_val_samples))
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+
+
+def make_inference_loader(dataset, opt, ctx):
+    sampler = VideoShardSampler(dataset.video_of_item, ctx.rank, ctx.world_size)
+    batch = max(1, opt.inference_batch_size // ctx.world_size)
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+
+
+def seed_worker_rngs(seed):
+    """Seeds the main process; DataLoader draws each epoch's worker seeds from it."""
+    import random
+
+    import numpy as np
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,63 @@
+"""Inference: sliding-window clips over whole videos, scores averaged per video,
+top-k written to <result_path>/<subset>.json in 3D-ResNets-PyTorch's format.
+
+Windows are batched across videos (never one whole video at once, which ran
+out of memory on long videos in the predecessor); each rank takes whole
+videos, and rank 0 gathers the per-video scores and writes the one file.
+"""
+import json
+from collections import defaultdict
+
+import torch
+from tqdm import tqdm
+
+from training import autocast_context
+from utils.distributed import gather_objects_to_main
+
+
+def _topk(scores, class_names, k):
+    k = len(class_names) if k <= 0 else min(k, len(class_names))
+    values, indices = scores.topk(k)
+    return [{'label': class_names[i], 'score': float(v)} for v, i in zip(values.tolist(),
+                                                                       indices.tolist())]
+
+
+@torch.no_grad()
+def run_inference(loader, dataset, model, class_names, ctx, opt, result_file):
+    model.eval()
+    prob_sums = {}
+    counts = defaultdict(int)
+    per_clip = defaultdict(list)
+    for clips, video_indices, segments in tqdm(loader, desc='inference',
+                                               disable=not ctx.is_main or opt.no_progress,
+                                               dynamic_ncols=True, leave=False):
+        clips = clips.to(ctx.device, non_blocking=True)
+        with autocast_context(ctx.device, opt.amp):
+            logits = model(clips)
+        probs = logits.float().softmax(1).cpu()
+        begins, ends = segments
+        for p, v, b, e in zip(probs, video_indices.tolist(), begins.tolist(), ends.tolist()):
+            if opt.inference_no_average:
+                per_clip[v].append(([b, e], p))
+            else:
+                prob_sums[v] = prob_sums[v] + p if v in prob_sums else p.clone()
+                counts[v] += 1
+    if opt.inference_no_average:
+        local = {dataset.records[v].video_id:
+                 [{'segment': seg, 'result': _topk(p, class_names, opt.output_topk)}
+                  for seg, p in clips_of_video]
+                 for v, clips_of_video in per_clip.items()}
+    else:
+        local = {dataset.records[v].video_id: _topk(s / counts[v], class_names, opt.output_topk)
+                 for v, s in prob_sums.items()}
+    gathered = gather_objects_to_main(local, ctx)
+    if not ctx.is_main:
+        return None
+    results = {}
+    for part in gathered:
+        results.update(part)
+    # Keep the annotation's video order, whichever rank scored a video.
+    ordered = {r.video_id: results[r.video_id] for r in dataset.records if r.video_id in results}
+    with open(result_file, 'w') as f:
+        json.dump({'results': ordered}, f)
+    return ordered

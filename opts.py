@@ -1,0 +1,256 @@
+"""Command-line options.
+
+Every option of 3D-ResNets-PyTorch keeps its name, default and meaning, so
+existing command lines and scripts run unchanged. New options are added at the
+end of each group. Hyphenated spellings are accepted as aliases.
+"""
+import argparse
+import json
+import os
+from pathlib import Path
+
+class OptionError(ValueError):
+    """An option value that cannot work; the message names the option and the fix."""
+
+
+# Used when --dataset synthetic and the option was not given: a small network
+# on tiny clips that learns the built-in data set in under a minute on 2 CPU cores.
+SYNTHETIC_DEFAULTS = dict(
+    n_classes=6,
+    sample_size=32,
+    sample_duration=8,
+    model_depth=10,
+    resnet_widen_factor=0.5,
+    no_hflip=True,  # a flip swaps move_left and move_right
+    train_crop_min_scale=0.5,
+    batch_size=16,
+    learning_rate=0.1,
+    nesterov=True,
+    lr_scheduler='cosine',
+    warmup_epochs=3.0,
+    n_epochs=15,
+    checkpoint=5,
+    n_threads=2,
+    inference=True,
+    inference_stride=4,
+)
+
+
+def _add(parser, name, **kwargs):
+    """Adds --a_b with the alias --a-b."""
+    flags = [name]
+    if '_' in name:
+        flags.append(name.replace('_', '-'))
+    parser.add_argument(*flags, **kwargs)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        description='Train and evaluate 3D CNNs for video action recognition.',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    g = p.add_argument_group('paths')
+    _add(g, '--root_path', default=None, type=Path,
+         help='If set, prefixed to video_path, annotation_path, result_path, '
+              'resume_path and pretrain_path')
+    _add(g, '--video_path', default=None, type=Path,
+         help='Root of the frame folders (jpg) or hdf5 files')
+    _add(g, '--annotation_path', default=None, type=Path,
+         help='Annotation JSON file')
+    _add(g, '--result_path', default=None, type=Path,
+         help='Output folder (created if missing)')
+
+    g = p.add_argument_group('data')
+    _add(g, '--dataset', default='kinetics', type=str,
+         choices=['kinetics', 'activitynet', 'ucf101', 'hmdb51', 'mit', 'synthetic'],
+         help='Dataset layout; synthetic is generated locally (no download)')
+    _add(g, '--n_classes', default=400, type=int,
+         help='Number of classes (must equal the annotation\'s label count)')
+    _add(g, '--n_pretrain_classes', default=0, type=int,
+         help='Number of classes of the pretrained model')
+    _add(g, '--pretrain_path', default=None, type=Path,
+         help='Pretrained model (.pth) to fine-tune from')
+    _add(g, '--ft_begin_module', default='', type=str,
+         help='First top-level module to fine-tune (e.g. layer4, fc); earlier '
+              'modules are frozen. Empty: train everything')
+    _add(g, '--sample_size', default=112, type=int, help='Height and width of inputs')
+    _add(g, '--sample_duration', default=16, type=int, help='Temporal duration of inputs')
+    _add(g, '--sample_t_stride', default=1, type=int,
+         help='Temporal stride between sampled frames (train, val and inference)')
+    _add(g, '--train_crop', default='random', type=str,
+         choices=['random', 'corner', 'center'],
+         help='Spatial crop in training: random (RandomResizedCrop), corner '
+              '(multi-scale corner crop) or center')
+    _add(g, '--train_crop_min_scale', default=0.25, type=float,
+         help='Min area scale of RandomResizedCrop')
+    _add(g, '--train_crop_min_ratio', default=0.75, type=float,
+         help='Min aspect ratio of RandomResizedCrop')
+    _add(g, '--no_hflip', action='store_true', help='Disable horizontal flip in training')
+    _add(g, '--colorjitter', action='store_true', help='Colour jitter in training')
+    _add(g, '--train_t_crop', default='random', type=str, choices=['random', 'center'],
+         help='Temporal crop in training')
+    _add(g, '--mean_dataset', default='kinetics', type=str,
+         choices=['kinetics', 'activitynet', '0.5'],
+         help='Normalisation statistics')
+    _add(g, '--no_mean_norm', action='store_true', help='Do not subtract the mean')
+    _add(g, '--no_std_norm', action='store_true', help='Do not divide by the std')
+    _add(g, '--value_scale', default=1, type=int,
+         help='Pixel value range: 1 for [0, 1], 255 for [0, 255]')
+    _add(g, '--n_val_samples', default=3, type=int,
+         help='Clips per video in validation, evenly spread')
+    _add(g, '--file_type', default='jpg', type=str, choices=['jpg', 'hdf5'],
+         help='Frame storage')
+    _add(g, '--input_type', default='rgb', type=str, choices=['rgb', 'flow'],
+         help='rgb (3 channels) or flow (2 channels, hdf5 only)')
+    _add(g, '--accimage', action='store_true',
+         help='Accepted for compatibility and ignored: frames are decoded with '
+              'torchvision.io (libjpeg-turbo), a whole clip at once')
+
+    g = p.add_argument_group('optimisation')
+    _add(g, '--learning_rate', default=0.1, type=float,
+         help='Initial learning rate (divided by 10 at each milestone)')
+    _add(g, '--momentum', default=0.9, type=float, help='Momentum')
+    _add(g, '--dampening', default=0.0, type=float, help='Dampening of SGD')
+    _add(g, '--weight_decay', default=1e-3, type=float, help='Weight decay')
+    _add(g, '--nesterov', action='store_true', help='Nesterov momentum')
+    _add(g, '--optimizer', default='sgd', type=str, choices=['sgd', 'adamw'],
+         help='Optimizer')
+    _add(g, '--lr_scheduler', default='multistep', type=str,
+         choices=['multistep', 'plateau', 'cosine'],
+         help='multistep (x0.1 at milestones), plateau (on validation loss) or '
+              'cosine (per iteration, after a linear warmup)')
+    _add(g, '--multistep_milestones', default=[50, 100, 150], type=int, nargs='+',
+         help='Epochs after which the learning rate is multiplied by 0.1')
+    _add(g, '--overwrite_milestones', action='store_true',
+         help='On resume, use the milestones given now, not the checkpoint\'s')
+    _add(g, '--plateau_patience', default=10, type=int, help='Patience of ReduceLROnPlateau')
+    _add(g, '--warmup_epochs', default=0.0, type=float,
+         help='Linear learning-rate warmup (cosine schedule), in epochs')
+    _add(g, '--min_lr', default=0.0, type=float, help='Final learning rate of the cosine schedule')
+    _add(g, '--batch_size', default=128, type=int,
+         help='Batch size (in distributed mode the global batch over all processes)')
+    _add(g, '--inference_batch_size', default=0, type=int,
+         help='Batch size for inference; 0 means batch_size')
+    _add(g, '--n_epochs', default=200, type=int, help='Last epoch to train (epochs count from 1)')
+    _add(g, '--accumulation_steps', default=1, type=int,
+         help='Micro-batches whose gradients are accumulated before each optimizer step')
+    _add(g, '--amp', action='store_true',
+         help='Mixed precision (bf16 autocast; fp16 with a GradScaler on GPUs without bf16)')
+
+    g = p.add_argument_group('run')
+    _add(g, '--resume_path', default=None, type=Path,
+         help='Checkpoint to resume training (or to evaluate) from')
+    _add(g, '--auto_resume', action='store_true',
+         help='Resume from the newest complete checkpoint in result_path, if any')
+    _add(g, '--no_train', action='store_true', help='Skip training')
+    _add(g, '--no_val', action='store_true', help='Skip validation')
+    _add(g, '--inference', action='store_true', help='Run inference and write <subset>.json')
+    _add(g, '--inference_subset', default='val', type=str, choices=['train', 'val', 'test'],
+         help='Subset used for inference')
+    _add(g, '--inference_stride', default=16, type=int, help='Sliding-window stride (frames)')
+    _add(g, '--inference_crop', default='center', type=str, choices=['center', 'nocrop'],
+         help='Spatial crop at inference')
+    _add(g, '--inference_no_average', action='store_true',
+         help='Write per-clip results instead of the video average')
+    _add(g, '--output_topk', default=5, type=int, help='Top-k classes written by inference; <= 0: all')
+    _add(g, '--no_cuda', action='store_true', help='Run on CPU even if a GPU is present')
+    _add(g, '--n_threads', default=4, type=int, help='Data-loading worker processes (per process)')
+    _add(g, '--checkpoint', default=10, type=int, help='Save a checkpoint every N epochs')
+    _add(g, '--tensorboard', action='store_true', help='Write TensorBoard event files')
+    _add(g, '--manual_seed', default=1, type=int, help='Random seed')
+    _add(g, '--log_interval', default=10, type=int,
+         help='Steps between progress updates and train_batch.log flushes')
+    _add(g, '--no_progress', action='store_true', help='No progress bar (plain lines instead)')
+
+    g = p.add_argument_group('model')
+    _add(g, '--model', default='resnet', type=str,
+         help='resnet, resnet2p1d, preresnet, wideresnet, resnext, densenet')
+    _add(g, '--model_depth', default=18, type=int, help='Depth of the network')
+    _add(g, '--conv1_t_size', default=7, type=int, help='Temporal kernel size of conv1')
+    _add(g, '--conv1_t_stride', default=1, type=int, help='Temporal stride of conv1')
+    _add(g, '--no_max_pool', action='store_true', help='No max pooling after conv1')
+    _add(g, '--resnet_shortcut', default='B', type=str, choices=['A', 'B'],
+         help='Shortcut type of resnet (A: parameter-free, B: 1x1x1 conv)')
+    _add(g, '--resnet_widen_factor', default=1.0, type=float,
+         help='Channel multiplier of resnet and resnet2p1d')
+    _add(g, '--wide_resnet_k', default=2, type=int, help='Width of wideresnet')
+    _add(g, '--resnext_cardinality', default=32, type=int, help='Groups of resnext')
+
+    g = p.add_argument_group('distributed')
+    _add(g, '--distributed', action='store_true',
+         help='Distributed data parallel training (under torchrun, or spawning '
+              'one process per GPU itself)')
+    _add(g, '--batchnorm_sync', action='store_true', help='SyncBatchNorm in distributed mode')
+    _add(g, '--dist_url', default='tcp://127.0.0.1:23456', type=str,
+         help='Init method when not launched by torchrun')
+    _add(g, '--world_size', default=-1, type=int,
+         help='Number of nodes when not launched by torchrun')
+    _add(g, '--node_rank', default=0, type=int,
+         help='Rank of this node when not launched by torchrun')
+    _add(g, '--dist_backend', default=None, type=str, choices=['nccl', 'gloo'],
+         help='Backend; default nccl with GPUs, gloo on CPU')
+    _add(g, '--lr_scaling', default='none', type=str, choices=['none', 'linear'],
+         help='linear: lr x (global batch / base_batch_size)')
+    _add(g, '--base_batch_size', default=256, type=int,
+         help='Batch size the learning rate was tuned for (--lr_scaling linear)')
+    # Passed by the deprecated torch.distributed.launch.
+    p.add_argument('--local_rank', '--local-rank', default=None, type=int,
+                   help=argparse.SUPPRESS)
+    return p
+
+
+def _resolve_paths(opt):
+    names = ['video_path', 'annotation_path', 'result_path', 'resume_path', 'pretrain_path']
+    if opt.root_path is not None:
+        for name in names:
+            value = getattr(opt, name)
+            if value is not None:
+                setattr(opt, name, opt.root_path / value)
+
+
+def _check(opt, parser):
+    if opt.result_path is None:
+        parser.error('--result_path is required (the folder for logs, checkpoints and results)')
+    if opt.dataset != 'synthetic':
+        if opt.video_path is None or opt.annotation_path is None:
+            parser.error(f'--video_path and --annotation_path are required for --dataset '
+                         f'{opt.dataset} (or use --dataset synthetic, which needs no download)')
+    if opt.input_type == 'flow' and opt.file_type != 'hdf5':
+        parser.error('--input_type flow needs --file_type hdf5 (datasets video_u/video_v)')
+    if opt.n_val_samples < 1:
+        parser.error('--n_val_samples must be at least 1')
+    if opt.accumulation_steps < 1:
+        parser.error('--accumulation_steps must be at least 1')
+    if opt.sample_t_stride < 1 or opt.inference_stride < 1:
+        parser.error('--sample_t_stride and --inference_stride must be at least 1')
+    if opt.batch_size < 1:
+        parser.error('--batch_size must be at least 1')
+
+
+def parse_opts(argv=None):
+    parser = build_parser()
+    opt = parser.parse_args(argv)
+    if opt.dataset == 'synthetic':
+        # Re-parse so that options the user gave still win over the presets.
+        parser.set_defaults(**SYNTHETIC_DEFAULTS)
+        opt = parser.parse_args(argv)
+    _resolve_paths(opt)
+    _check(opt, parser)
+    if opt.nesterov:
+        opt.dampening = 0.0
+    if opt.inference_batch_size == 0:
+        opt.inference_batch_size = opt.batch_size
+    opt.arch = f'{opt.model}-{opt.model_depth}'
+    opt.begin_epoch = 1
+    opt.n_input_channels = 2 if opt.input_type == 'flow' else 3
+    return opt
+
+
+def opts_to_dict(opt):
+    """JSON-safe dict of the options (paths as strings)."""
+    return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(opt).items()}
+
+
+def save_opts(opt, path):
+    with open(path, 'w') as f:
+        json.dump(opts_to_dict(opt), f, indent=2, sort_keys=False)

@@ -1,0 +1,63 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from utils import checkpoint as ck
+from utils.logs import TsvLogger, read_tsv
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / 'save_1.pth'
+    ck.save_checkpoint_atomic({'epoch': 1, 'state_dict': {'w': torch.ones(3)}}, path)
+
+    def dying_save(obj, f):
+        f.write(b'partial bytes')
+        raise KeyboardInterrupt  # killed in the middle of the write
+
+    monkeypatch.setattr(torch, 'save', dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save_checkpoint_atomic({'epoch': 1, 'state_dict': {'w': torch.zeros(3)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(ck.load_checkpoint(path)['state_dict']['w'], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ['save_1.pth']
+
+
+def test_find_latest_skips_corrupt_and_foreign_files(tmp_path):
+    for epoch in (1, 2, 10):
+        ck.save_checkpoint_atomic({'epoch': epoch, 'state_dict': {}}, tmp_path / f'save_{epoch}.pth')
+    (tmp_path / 'save_11.pth').write_bytes(b'truncated')
+    (tmp_path / 'save_x.pth').write_bytes(b'')
+    assert ck.find_latest_checkpoint(tmp_path) == tmp_path / 'save_10.pth'
+    assert ck.find_latest_checkpoint(tmp_path / 'none') is None
+
+
+def test_module_prefix_stripped():
+    sd = {'module.a': 1, 'module.b': 2}
+    assert ck.strip_module_prefix(sd) == {'a': 1, 'b': 2}
+    assert ck.strip_module_prefix({'a': 1}) == {'a': 1}
+
+
+def test_rng_state_round_trip_through_weights_only_load(tmp_path):
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    state = ck.capture_rng_state()
+    path = tmp_path / 'rng.pth'
+    ck.save_checkpoint_atomic({'rng_state': state}, path)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    ck.restore_rng_state(ck.load_checkpoint(path)['rng_state'])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_tsv_logger_appends_without_second_header(tmp_path):
+    path = tmp_path / 'train.log'
+    log = TsvLogger(path, ['epoch', 'loss'])
+    log.log({'epoch': 1, 'loss': 0.5})
+    log.close()
+    log = TsvLogger(path, ['epoch', 'loss'])
+    log.log({'epoch': 2, 'loss': 0.25})
+    log.close()
+    assert path.read_text() == 'epoch\tloss\n1\t0.5\n2\t0.25\n'
+    assert read_tsv(path)[1] == {'epoch': '2', 'loss': '0.25'}

@@ -1,0 +1,174 @@
+"""End-to-end runs of main.py on a tiny synthetic data set: outputs, exact
+resume, schedules, fine-tuning and the predecessor's known failures."""
+import json
+import shutil
+
+import pytest
+import torch
+
+import main
+from tests.conftest import tiny_args
+from utils.checkpoint import load_checkpoint
+from utils.logs import read_tsv
+
+
+def run(tiny, result, *extra):
+    main.main(tiny_args(*tiny, result, *extra))
+
+
+def test_end_to_end_outputs(tiny_synthetic, tmp_path):
+    result = tmp_path / 'new' / 'folder'  # created if missing (the predecessor required it)
+    run(tiny_synthetic, result, '--n_epochs', '2', '--checkpoint', '1', '--inference',
+        '--inference_stride', '4', '--tensorboard')
+    opts = json.loads((result / 'opts.json').read_text())
+    assert opts['n_classes'] == 6 and opts['n_parameters'] > 0 and opts['gflops_per_clip'] > 0
+    train_log = read_tsv(result / 'train.log')
+    assert [r['epoch'] for r in train_log] == ['1', '2']
+    assert list(train_log[0])[:4] == ['epoch', 'loss', 'acc', 'lr']
+    assert list(read_tsv(result / 'val.log')[0])[:3] == ['epoch', 'loss', 'acc']
+    batch_log = read_tsv(result / 'train_batch.log')
+    assert list(batch_log[0]) == ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr']
+    assert len(batch_log) == 2 * 3  # 24 training videos / batch 8, two epochs
+    assert [int(r['iter']) for r in batch_log] == list(range(1, 7))
+    ckpt = load_checkpoint(result / 'save_2.pth')
+    assert {'epoch', 'arch', 'state_dict', 'optimizer', 'scheduler'} <= set(ckpt)
+    assert ckpt['epoch'] == 2 and ckpt['arch'] == 'resnet-10'
+    assert not any(k.startswith('module.') for k in ckpt['state_dict'])
+    assert (result / 'save_1.pth').exists()
+    results = json.loads((result / 'val.json').read_text())['results']
+    assert len(results) == 12  # every validation video once
+    for entries in results.values():
+        assert len(entries) == 5
+        scores = [e['score'] for e in entries]
+        assert scores == sorted(scores, reverse=True) and 0 <= scores[-1] <= scores[0] <= 1
+    assert not list(result.glob('*.tmp'))
+    assert list(result.glob('events.out.tfevents.*'))
+
+
+def _tb_scalars(result):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(result))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
+
+
+def test_tensorboard_records_real_lr(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--tensorboard', '--no_val',
+        '--multistep_milestones', '1')
+    scalars = _tb_scalars(tmp_path)
+    assert scalars['train/lr'] == pytest.approx([0.01, 0.001])  # not the accuracy
+    assert {'train/loss', 'train/acc', 'train/clips_per_s', 'train/data_wait'} <= set(scalars)
+
+
+def _weights(path):
+    return load_checkpoint(path)['state_dict']
+
+
+def test_resume_is_exact_and_logs_append(tiny_synthetic, tmp_path):
+    """Train 3 epochs; separately resume from epoch 1 of the same run: the final
+    weights and optimizer state are identical, and the logs continue."""
+    full = tmp_path / 'full'
+    args = ('--n_epochs', '3', '--checkpoint', '1', '--multistep_milestones', '2',
+            '--train_crop', 'random', '--colorjitter')
+    run(tiny_synthetic, full, *args)
+    resumed = tmp_path / 'resumed'
+    resumed.mkdir()
+    for name in ('save_1.pth', 'train.log', 'val.log', 'train_batch.log'):
+        shutil.copy(full / name, resumed / name)
+    # Keep only epoch 1's rows, as if the run had been killed during epoch 2.
+    for name, n_rows in (('train.log', 1), ('val.log', 1), ('train_batch.log', 3)):
+        lines = (resumed / name).read_text().splitlines(keepends=True)
+        (resumed / name).write_text(''.join(lines[:1 + n_rows]))
+    run(tiny_synthetic, resumed, *args, '--resume_path', str(resumed / 'save_1.pth'))
+
+    a, b = _weights(full / 'save_3.pth'), _weights(resumed / 'save_3.pth')
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    opt_a = load_checkpoint(full / 'save_3.pth')['optimizer']['state']
+    opt_b = load_checkpoint(resumed / 'save_3.pth')['optimizer']['state']
+    for k in opt_a:
+        assert torch.equal(opt_a[k]['momentum_buffer'], opt_b[k]['momentum_buffer'])
+    for name in ('train.log', 'val.log', 'train_batch.log'):  # same rows, timings aside
+        columns = ('epoch', 'batch', 'iter', 'loss', 'acc', 'clip_acc', 'lr')
+        rows_full, rows_resumed = (
+            [{k: v for k, v in row.items() if k in columns} for row in read_tsv(d / name)]
+            for d in (full, resumed))
+        assert rows_full == rows_resumed, name
+    lr = [float(r['lr']) for r in read_tsv(resumed / 'train.log')]
+    # The drop after milestone 2 comes at epoch 3, also after resuming from epoch 1.
+    assert lr == pytest.approx([0.01, 0.01, 0.001])
+
+
+def test_overwrite_milestones_on_resume(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--multistep_milestones', '5')
+    run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--no_val', '--multistep_milestones', '2',
+        '--overwrite_milestones', '--resume_path', str(tmp_path / 'save_1.pth'))
+    lr = [float(r['lr']) for r in read_tsv(tmp_path / 'train.log')]
+    assert lr == pytest.approx([0.01, 0.01, 0.001])
+
+
+def test_adamw_is_honoured(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--optimizer', 'adamw',
+        '--learning_rate', '0.001')
+    state = load_checkpoint(tmp_path / 'save_1.pth')['optimizer']['state']
+    assert all('exp_avg' in s for s in state.values())
+
+
+def test_cosine_warmup_schedule(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--no_val', '--lr_scheduler', 'cosine',
+        '--warmup_epochs', '1', '--log_interval', '1')
+    lrs = [float(r['lr']) for r in read_tsv(tmp_path / 'train_batch.log')]
+    # 3 steps per epoch: warmup 1/3, 2/3, 1, then half a cosine over the other 3 steps.
+    import math
+    expected = [0.01 / 3, 0.02 / 3, 0.01] + \
+        [0.01 * 0.5 * (1 + math.cos(math.pi * s / 3)) for s in (0, 1, 2)]
+    assert lrs == pytest.approx(expected, rel=1e-4)
+
+
+def test_fine_tuning_freezes_earlier_modules(tiny_synthetic, tmp_path):
+    pre = tmp_path / 'pre'
+    run(tiny_synthetic, pre, '--n_epochs', '1', '--no_val')
+    ft = tmp_path / 'ft'
+    run(tiny_synthetic, ft, '--n_epochs', '1', '--no_val', '--pretrain_path',
+        str(pre / 'save_1.pth'), '--n_pretrain_classes', '6', '--ft_begin_module', 'layer4')
+    before, after = _weights(pre / 'save_1.pth'), _weights(ft / 'save_1.pth')
+    for k in before:
+        frozen = not k.startswith(('layer4', 'fc'))
+        if frozen:  # weights and BatchNorm statistics untouched
+            assert torch.equal(before[k], after[k]), k
+    assert not torch.equal(before['layer4.0.conv1.weight'], after['layer4.0.conv1.weight'])
+
+
+def test_pretrained_with_other_class_count_and_module_prefix(tiny_synthetic, tmp_path):
+    import argparse
+
+    from model import generate_model
+    opt = argparse.Namespace(model='resnet', model_depth=10, n_classes=10, n_input_channels=3,
+                             conv1_t_size=7, conv1_t_stride=1, no_max_pool=False,
+                             resnet_shortcut='B', resnet_widen_factor=0.25)
+    net = generate_model(opt)
+    path = tmp_path / 'pretrained.pth'
+    torch.save({'epoch': 200, 'arch': 'resnet-10',
+                'state_dict': {'module.' + k: v for k, v in net.state_dict().items()}}, path)
+    run(tiny_synthetic, tmp_path / 'ft', '--n_epochs', '1', '--no_val', '--pretrain_path',
+        str(path), '--n_pretrain_classes', '10', '--ft_begin_module', 'fc')
+    weights = _weights(tmp_path / 'ft' / 'save_1.pth')
+    assert weights['fc.weight'].shape == (6, net.fc.in_features)
+    for k, v in net.state_dict().items():
+        if not k.startswith('fc.'):
+            assert torch.equal(weights[k], v), k  # loaded, then frozen
+
+
+def test_predecessor_command_line(tiny_synthetic, tmp_path):
+    """A command line written for 3D-ResNets-PyTorch runs unchanged."""
+    video_path, annotation_path = tiny_synthetic
+    root = video_path.parent
+    main.main(['--root_path', str(root), '--video_path', video_path.name,
+               '--annotation_path', annotation_path.name, '--result_path', 'results_x',
+               '--dataset', 'ucf101', '--n_classes', '6', '--model', 'resnet',
+               '--model_depth', '10', '--batch_size', '8', '--n_threads', '1',
+               '--checkpoint', '1', '--sample_size', '32', '--sample_duration', '8',
+               '--n_epochs', '1', '--resnet_widen_factor', '0.25', '--no_progress'])
+    assert (root / 'results_x' / 'save_1.pth').exists()
+    shutil.rmtree(root / 'results_x')

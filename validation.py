@@ -1,0 +1,47 @@
+"""Validation: loss, clip accuracy and video accuracy, exact over ranks."""
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from training import autocast_context
+from utils.distributed import all_reduce_sum
+
+
+@torch.no_grad()
+def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
+    """Each item is one video with n_val_samples clips (B, N, C, T, H, W).
+
+    loss: mean cross-entropy over all clips; clip_acc: over all clips;
+    acc: video accuracy, from the softmax averaged over a video's clips.
+    Every rank sums over its own videos (no padded duplicates) and the sums are
+    all-reduced once, so the result equals a single process's.
+    """
+    model.eval()
+    device = ctx.device
+    sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, clip hits, clips, video hits, videos
+    bar = tqdm(loader, desc=f'val {epoch}', disable=not ctx.is_main or opt.no_progress,
+               dynamic_ncols=True, leave=False)
+    for clips, targets in bar:
+        b, n = clips.shape[:2]
+        clips = clips.to(device, non_blocking=True).flatten(0, 1)
+        targets = targets.to(device, non_blocking=True)
+        with autocast_context(device, opt.amp):
+            logits = model(clips)
+        logits = logits.float()
+        clip_targets = targets.repeat_interleave(n)
+        loss_sum = F.cross_entropy(logits, clip_targets, reduction='sum')
+        clip_hits = (logits.argmax(1) == clip_targets).sum()
+        video_probs = logits.softmax(1).view(b, n, -1).mean(1)
+        video_hits = (video_probs.argmax(1) == targets).sum()
+        sums += torch.stack([loss_sum.double(), clip_hits.double(),
+                             torch.tensor(b * n, dtype=torch.float64, device=device),
+                             video_hits.double(),
+                             torch.tensor(b, dtype=torch.float64, device=device)])
+    all_reduce_sum(sums, ctx)
+    loss_sum, clip_hits, n_clips, video_hits, n_videos = sums.tolist()
+    stats = dict(loss=loss_sum / max(n_clips, 1), acc=video_hits / max(n_videos, 1),
+                 clip_acc=clip_hits / max(n_clips, 1), n_videos=int(n_videos))
+    if tb_writer is not None:
+        for key in ('loss', 'acc', 'clip_acc'):
+            tb_writer.add_scalar(f'val/{key}', stats[key], epoch)
+    return stats
