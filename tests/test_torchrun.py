@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import tiny_args
@@ -81,15 +82,19 @@ def _worker_pids(parent_pid):
     return [int(p) for p in out.stdout.split()]
 
 
-def test_elastic_restart_resumes_after_a_killed_worker(tiny_synthetic, tmp_path):
+@pytest.mark.parametrize('rendezvous', ['static', 'c10d'])
+def test_elastic_restart_resumes_after_a_killed_worker(tiny_synthetic, tmp_path, rendezvous):
     result = tmp_path / 'r'
     n_epochs = 8
     args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', str(n_epochs),
                      '--checkpoint', '1', '--auto_resume', '--n_threads', '0', '--no_val')
+    port = free_port()
+    launch = [f'--master_port={port}'] if rendezvous == 'static' else \
+        ['--rdzv_backend=c10d', f'--rdzv_endpoint=127.0.0.1:{port}']
     proc = subprocess.Popen(
-        torchrun('--nproc_per_node=2', '--max-restarts=1', '--rdzv_backend=c10d',
-                 f'--rdzv_endpoint=127.0.0.1:{free_port()}', MAIN) + args,
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        torchrun('--nproc_per_node=2', '--max-restarts=1', *launch, MAIN) + args,
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)  # so a failure can take every worker down with it
     try:
         deadline = time.time() + 120
         while not (result / 'save_1.pth').exists():
@@ -100,8 +105,10 @@ def test_elastic_restart_resumes_after_a_killed_worker(tiny_synthetic, tmp_path)
         os.kill(workers[1], signal.SIGKILL)  # one worker dies mid-run
         out = proc.communicate(timeout=240)[0]
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert proc.returncode == 0, out[-4000:]
     assert 'auto-resume from' in out
     ckpt = load_checkpoint(result / f'save_{n_epochs}.pth')

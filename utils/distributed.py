@@ -52,6 +52,25 @@ def select_device(no_cuda, local_rank):
     return torch.device('cpu')
 
 
+PG_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _attempt_store(rank, world_size):
+    """The launcher's store, with a key prefix per restart attempt.
+
+    torchrun's static rendezvous keeps one TCPStore across restarts, while
+    init_process_group('env://') assumes a fresh store each attempt: after an
+    elastic restart the new ranks read the dead ranks' addresses and the gloo
+    or NCCL connection hangs or is refused. A prefix per attempt avoids that.
+    """
+    addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
+    agent_store = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    store = dist.TCPStore(addr, port, world_size, is_master=not agent_store and rank == 0,
+                          timeout=PG_TIMEOUT, multi_tenant=not agent_store)
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    return dist.PrefixStore(f'resnets3d/attempt_{attempt}', store)
+
+
 def init_distributed(opt, local_rank=None, rank=None, world_size=None):
     """Initialises the process group; returns the DistContext of this process.
 
@@ -67,13 +86,12 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
         rank = int(os.environ['RANK'])
         world_size = int(os.environ['WORLD_SIZE'])
         local_rank = int(os.environ.get('LOCAL_RANK', opt.local_rank or 0))
-        init_method = 'env://'
+        init = dict(store=_attempt_store(rank, world_size))
     else:
-        init_method = opt.dist_url
+        init = dict(init_method=opt.dist_url)
     device = select_device(opt.no_cuda, local_rank)
     backend = opt.dist_backend or ('nccl' if device.type == 'cuda' else 'gloo')
-    kwargs = dict(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
-                  timeout=datetime.timedelta(minutes=30))
+    kwargs = dict(backend=backend, rank=rank, world_size=world_size, timeout=PG_TIMEOUT, **init)
     if backend == 'nccl':
         kwargs['device_id'] = device  # binds the communicator eagerly, avoids a hang on mismatch
     dist.init_process_group(**kwargs)
