@@ -74,6 +74,11 @@ def run(opt, ctx):
             opt.resume_path = latest
             log(ctx, f'auto-resume from {latest}')
     apply_lr_scaling(opt, ctx)
+    if opt.amp and ctx.device.type != 'cuda':
+        # bf16 convolutions are no faster than fp32 on most CPUs, and oneDNN's
+        # bf16 conv3d backward gave sporadic infinite weight gradients here.
+        log(ctx, '--amp is ignored on CPU: training in float32')
+        opt.amp = False
 
     # Build every data set first: bad annotations or missing videos fail here,
     # before any training time is spent.

@@ -1,0 +1,91 @@
+"""dataset.py and main.py glue: the same temporal stride in training, validation
+and inference; per-rank random streams; small subsets; linear lr scaling; AMP."""
+import argparse
+import json
+
+import pytest
+import torch
+
+import dataset as data
+import main
+from opts import parse_opts
+from tests.conftest import tiny_args
+from utils.distributed import DistContext
+
+
+def parsed(tiny, tmp_path, *extra):
+    return parse_opts(tiny_args(*tiny, tmp_path / 'r', *extra))
+
+
+def test_sample_t_stride_applies_to_train_val_and_inference(tiny_synthetic, tmp_path):
+    opt = parsed(tiny_synthetic, tmp_path, '--sample_t_stride', '2', '--sample_duration', '4',
+                 '--train_t_crop', 'center')
+    train_set, _ = data.get_training_data(opt)
+    val_set, _ = data.get_validation_data(opt)
+    infer_set, _ = data.get_inference_data(opt)
+    assert list(train_set.temporal_transform(0, 12)) == [2, 4, 6, 8]  # centre 7 frames, every 2nd
+    for clip in val_set.temporal_transform(0, 12):
+        assert [b - a for a, b in zip(clip, clip[1:])] == [2, 2, 2]
+    for window in infer_set.sliding_window(0, 12):
+        assert [b - a for a, b in zip(window, window[1:])] == [2, 2, 2]
+    x, _, (begin, end) = infer_set[0]
+    assert x.shape[1] == 4 and (begin, end) == (1, 8)  # 1-based frames 1..7
+
+
+def test_ranks_augment_differently_and_repeatably(tiny_synthetic, tmp_path):
+    opt = parsed(tiny_synthetic, tmp_path, '--train_crop', 'random', '--colorjitter')
+    train_set, _ = data.get_training_data(opt)
+
+    def first_clip(rank, epoch):
+        ctx = DistContext(rank=rank, world_size=2)
+        data.seed_worker_rngs(main.epoch_seed(opt, ctx, epoch))
+        return train_set[0][0]
+
+    assert not torch.equal(first_clip(0, 1), first_clip(1, 1))  # ranks differ
+    assert not torch.equal(first_clip(0, 1), first_clip(0, 2))  # epochs differ
+    assert torch.equal(first_clip(1, 3), first_clip(1, 3))      # and are reproducible
+
+
+def test_validation_subset_with_fewer_than_five_videos(tiny_synthetic, tmp_path):
+    """The predecessor divided by zero on subsets of fewer than 5 videos."""
+    video_path, annotation_path = tiny_synthetic
+    ann = json.loads(annotation_path.read_text())
+    val_ids = [k for k, v in ann['database'].items() if v['subset'] == 'validation']
+    for vid in val_ids[2:]:
+        del ann['database'][vid]
+    small = tmp_path / 'small.json'
+    small.write_text(json.dumps(ann))
+    main.main(tiny_args(video_path, small, tmp_path / 'r', '--n_epochs', '1',
+                        '--n_val_samples', '1', '--inference'))
+    assert len(json.loads((tmp_path / 'r' / 'val.json').read_text())['results']) == 2
+
+
+def test_linear_lr_scaling(tiny_synthetic, tmp_path):
+    opt = parsed(tiny_synthetic, tmp_path, '--lr_scaling', 'linear', '--base_batch_size', '4',
+                 '--accumulation_steps', '2', '--learning_rate', '0.01')
+    main.apply_lr_scaling(opt, DistContext(rank=0, world_size=2))
+    # global batch 8 x 2 accumulation steps over a base batch of 4
+    assert opt.learning_rate == pytest.approx(0.04)
+    assert opt.batch_size_per_process == 4
+    opt = parsed(tiny_synthetic, tmp_path, '--batch_size', '7')
+    with pytest.raises(Exception, match='divisible'):
+        main.apply_lr_scaling(opt, DistContext(rank=0, world_size=2))
+
+
+def test_amp_is_ignored_on_cpu(tiny_synthetic, tmp_path, capsys):
+    main.main(tiny_args(*tiny_synthetic, tmp_path / 'r', '--n_epochs', '1', '--amp', '--no_val'))
+    assert '--amp is ignored on CPU' in capsys.readouterr().out
+    ckpt = torch.load(tmp_path / 'r' / 'save_1.pth', weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values()
+               if v.is_floating_point())
+
+
+def test_one_parameter_group_without_frozen_tensors():
+    from training import make_optimizer
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net[0].requires_grad_(False)
+    opt = argparse.Namespace(optimizer='sgd', learning_rate=0.1, momentum=0.9, dampening=0.0,
+                             weight_decay=0.0, nesterov=False)
+    optimizer = make_optimizer(net, opt)
+    assert len(optimizer.param_groups) == 1
+    assert len(optimizer.param_groups[0]['params']) == 2
