@@ -17,7 +17,9 @@ import time
 import torch
 import torch.nn as nn
 
-from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
+import model as model_builder
+from models import torchvision_video
+from opts import build_parser
 from utils.flops import count_gflops, count_parameters
 
 DEFAULT_MODELS = [
@@ -27,24 +29,24 @@ DEFAULT_MODELS = [
     'r3d_18', 'mc3_18', 'r2plus1d_18',
 ]
 
-_FAMILIES = {
-    'resnet': resnet.generate_model,
-    'resnet2p1d': resnet2p1d.generate_model,
-    'preresnet': pre_act_resnet.generate_model,
-    'wideresnet': wide_resnet.generate_model,
-    'resnext': resnext.generate_model,
-    'densenet': densenet.generate_model,
-}
-
 
 def build(name: str, n_classes: int, n_input_channels: int) -> nn.Module:
+    """The network main.py builds for --model/--model_depth, with the other
+    model options at their defaults."""
+    opt = build_parser().parse_args([])
     if name in torchvision_video.TORCHVISION_MODELS:
-        return torchvision_video.generate_model(name, n_classes=n_classes, n_input_channels=n_input_channels)
-    family, _, depth = name.rpartition('-')
-    if family not in _FAMILIES or not depth.isdigit():
-        raise SystemExit(f'unknown model {name!r}: use <family>-<depth> with family in {sorted(_FAMILIES)}, '
-                         f'or one of {torchvision_video.TORCHVISION_MODELS}')
-    return _FAMILIES[family](int(depth), n_classes=n_classes, n_input_channels=n_input_channels)
+        opt.model = name
+    else:
+        family, _, depth = name.rpartition('-')
+        if not depth.isdigit():
+            raise SystemExit(f'unknown model {name!r}: use <family>-<depth> or one of '
+                             f'{torchvision_video.TORCHVISION_MODELS}')
+        opt.model, opt.model_depth = family, int(depth)
+    opt.n_input_channels = n_input_channels
+    try:
+        return model_builder.generate_model(opt, n_classes=n_classes)
+    except ValueError as e:
+        raise SystemExit(f'unknown model {name!r}: {e}')
 
 
 def time_fwd_bwd(model: nn.Module, clip_shape: tuple, repeats: int) -> float:
