@@ -73,7 +73,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, scheduler, scaler, c
     per_iter_schedule = opt.lr_scheduler == 'cosine'
     n_batches = len(loader)
     k = opt.accumulation_steps
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, correct
     pending = []  # per-batch (loss, acc) on device, flushed every log_interval
     pending_meta = []
     bar = tqdm(total=n_batches, desc=f'train {epoch}', disable=not ctx.is_main or opt.no_progress,
@@ -107,8 +107,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, scheduler, scaler, c
         with torch.no_grad():
             n = targets.numel()
             correct = (outputs.argmax(1) == targets).sum()
-            sums += torch.stack([loss.detach().double() * n, correct.double(),
-                                 torch.tensor(n, dtype=torch.float64, device=device)])
+            sums += torch.stack([loss.detach().double() * n, correct.double()])
             pending.append(torch.stack([loss.detach().float(), correct.float() / n]))
             pending_meta.append((i + 1, (epoch - 1) * n_batches + i + 1, lr_now))
         clips_seen += targets.numel()
@@ -134,8 +133,9 @@ def train_epoch(epoch, loader, model, criterion, optimizer, scheduler, scaler, c
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
-    all_reduce_sum(sums, ctx)
-    loss_sum, correct, count = sums.tolist()
+    # Clip counts are known on the host; one collective for the whole epoch.
+    totals = torch.cat([sums, torch.tensor([clips_seen], dtype=torch.float64).to(device)])
+    loss_sum, correct, count = all_reduce_sum(totals, ctx).tolist()
     stats = dict(loss=loss_sum / max(count, 1), acc=correct / max(count, 1), lr=lr_now,
                  clips_per_s=count / max(elapsed, 1e-9),
                  data_wait=wait / max(elapsed, 1e-9))

@@ -18,7 +18,8 @@ def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
     """
     model.eval()
     device = ctx.device
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, clip hits, clips, video hits, videos
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, clip hits, video hits
+    n_clips = n_videos = 0  # known on the host: no per-step copies to the device
     bar = tqdm(loader, desc=f'val {epoch}', disable=not ctx.is_main or opt.no_progress,
                dynamic_ncols=True, leave=False)
     for clips, targets in bar:
@@ -33,12 +34,11 @@ def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
         clip_hits = (logits.argmax(1) == clip_targets).sum()
         video_probs = logits.softmax(1).view(b, n, -1).mean(1)
         video_hits = (video_probs.argmax(1) == targets).sum()
-        sums += torch.stack([loss_sum.double(), clip_hits.double(),
-                             torch.tensor(b * n, dtype=torch.float64, device=device),
-                             video_hits.double(),
-                             torch.tensor(b, dtype=torch.float64, device=device)])
-    all_reduce_sum(sums, ctx)
-    loss_sum, clip_hits, n_clips, video_hits, n_videos = sums.tolist()
+        sums += torch.stack([loss_sum.double(), clip_hits.double(), video_hits.double()])
+        n_clips += b * n
+        n_videos += b
+    totals = torch.cat([sums, torch.tensor([n_clips, n_videos], dtype=torch.float64).to(device)])
+    loss_sum, clip_hits, video_hits, n_clips, n_videos = all_reduce_sum(totals, ctx).tolist()
     stats = dict(loss=loss_sum / max(n_clips, 1), acc=video_hits / max(n_videos, 1),
                  clip_acc=clip_hits / max(n_clips, 1), n_videos=int(n_videos))
     if tb_writer is not None:
