@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from datasets.annotation import DataError, check_videos, load_annotations
 from datasets.loader import make_loader
-from datasets.samplers import ShardSampler, VideoShardSampler
+from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
 from datasets.synthetic import prepare_synthetic
 from datasets.temporal_transforms import (SlidingWindow, TemporalCenterCrop, TemporalEvenCrop,
@@ -131,7 +131,9 @@ def make_val_loader(dataset, opt, ctx):
 
 
 def make_inference_loader(dataset, opt, ctx):
-    sampler = VideoShardSampler(dataset.video_of_item, ctx.rank, ctx.world_size)
+    # Whole videos per rank (their windows are averaged on one rank), balanced
+    # by window count so long videos do not leave one rank behind.
+    sampler = dataset.shard(ctx.rank, ctx.world_size)
     batch = max(1, opt.inference_batch_size // ctx.world_size)
     return DataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
 

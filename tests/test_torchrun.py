@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import main
 from tests.conftest import tiny_args
 from utils.checkpoint import load_checkpoint
 from utils.distributed import free_port
@@ -59,6 +60,16 @@ def test_torchrun_two_processes_train_validate_resume_infer(tiny_synthetic, tmp_
     assert len(results) == 12  # every validation video, once
     opts = json.loads((result / 'opts.json').read_text())
     assert opts['world_size_effective'] == 2 and opts['batch_size_per_process'] == 4
+    # One process scoring the same checkpoint writes the same results.
+    single = tmp_path / 'single'
+    main.main(tiny_args(*tiny_synthetic, single, '--no_train', '--no_val', '--inference',
+                        '--inference_stride', '4', '--resume_path', str(result / 'save_2.pth')))
+    expected = json.loads((single / 'val.json').read_text())['results']
+    assert list(results) == list(expected)  # annotation order
+    for vid, entries in expected.items():
+        assert [e['label'] for e in results[vid]] == [e['label'] for e in entries]
+        assert [e['score'] for e in results[vid]] == pytest.approx(
+            [e['score'] for e in entries], abs=1e-5)
 
 
 def test_two_node_rendezvous_on_loopback(tiny_synthetic, tmp_path):
