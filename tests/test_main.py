@@ -172,3 +172,20 @@ def test_predecessor_command_line(tiny_synthetic, tmp_path):
                '--n_epochs', '1', '--resnet_widen_factor', '0.25', '--no_progress'])
     assert (root / 'results_x' / 'save_1.pth').exists()
     shutil.rmtree(root / 'results_x')
+
+
+def test_plateau_follows_validation_loss(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '4', '--lr_scheduler', 'plateau',
+        '--plateau_patience', '0', '--learning_rate', '0.05')
+    val_loss = [float(r['loss']) for r in read_tsv(tmp_path / 'val.log')]
+    lr = [float(r['lr']) for r in read_tsv(tmp_path / 'train.log')]
+    # ReduceLROnPlateau('min', patience=0): x0.1 after every epoch whose loss is
+    # not below the best so far by the default relative threshold 1e-4.
+    expected, best, current = [], float('inf'), 0.05
+    for loss in val_loss:
+        expected.append(current)
+        if loss < best * (1 - 1e-4):
+            best = loss
+        else:
+            current *= 0.1
+    assert lr == pytest.approx(expected, rel=1e-3)
