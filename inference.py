@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from training import autocast_context
-from utils.distributed import gather_objects_to_main
+from utils.distributed import eval_module, gather_objects_to_main
 
 
 def _topk(scores, class_names, k):
@@ -24,7 +24,7 @@ def _topk(scores, class_names, k):
 
 @torch.no_grad()
 def run_inference(loader, dataset, model, class_names, ctx, opt, result_file):
-    model.eval()
+    model = eval_module(model)
     prob_sums = {}
     counts = defaultdict(int)
     per_clip = defaultdict(list)

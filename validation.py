@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from training import autocast_context
-from utils.distributed import all_reduce_sum
+from utils.distributed import all_reduce_sum, eval_module
 
 
 @torch.no_grad()
@@ -16,7 +16,7 @@ def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
     Every rank sums over its own videos (no padded duplicates) and the sums are
     all-reduced once, so the result equals a single process's.
     """
-    model.eval()
+    model = eval_module(model)
     device = ctx.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, clip hits, video hits
     n_clips = n_videos = 0  # known on the host: no per-step copies to the device

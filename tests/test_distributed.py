@@ -169,8 +169,8 @@ class VideoSet(torch.utils.data.Dataset):
         return self.clips[i], int(self.targets[i])
 
 
-def validate(ctx, out_path=None):
-    dataset = VideoSet()
+def validate(ctx, out_path=None, n_videos=7):
+    dataset = VideoSet(n_videos)
     loader = torch.utils.data.DataLoader(dataset, batch_size=2,
                                          sampler=ShardSampler(len(dataset), ctx.rank,
                                                               ctx.world_size))
@@ -179,6 +179,10 @@ def validate(ctx, out_path=None):
     with torch.no_grad():  # non-trivial running statistics
         model(torch.randn(4, 3, 8, 32, 32))
     model = make_parallel(model, ctx)
+    # A training step first, as in a run: DDP then syncs buffers in forward.
+    x = torch.randn(2, 3, 8, 32, 32, generator=torch.Generator().manual_seed(0))
+    model(x).sum().backward()  # the same batch on every rank: same BN statistics
+    model.zero_grad()
     stats = val_epoch(1, loader, model, ctx, train_opt())
     if out_path is not None and ctx.rank == 0:
         torch.save(stats, out_path)
@@ -192,6 +196,16 @@ def test_validation_on_two_ranks_equals_one_process_with_odd_video_count(tmp_pat
     assert one['n_videos'] == two['n_videos'] == 7  # no padded duplicates
     for key in ('loss', 'acc', 'clip_acc'):
         assert two[key] == pytest.approx(one[key], abs=1e-6), key
+
+
+def test_validation_with_uneven_batch_counts_over_ranks(tmp_path):
+    """5 videos in batches of 2: rank 0 runs 2 batches, rank 1 one; evaluation
+    must not wait on a collective the other rank never enters."""
+    one = validate(SINGLE, n_videos=5)
+    run_ranks(validate, 2, tmp_path / 'v.pth', 5)
+    two = torch.load(tmp_path / 'v.pth', weights_only=True)
+    assert two['n_videos'] == 5
+    assert two['loss'] == pytest.approx(one['loss'], abs=1e-6)
 
 
 def test_shard_sampler_covers_every_item_once():

@@ -203,6 +203,15 @@ def _convert_cpu(module):
     return out
 
 
+def eval_module(model):
+    """The network to evaluate, in eval mode: without the DDP wrapper, which
+    evaluation does not need, so ranks with different numbers of batches
+    never meet in a collective."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model.eval()
+
+
 def unwrap(model):
     """The network inside DDP / torch.compile wrappers."""
     while True:
