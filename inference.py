@@ -11,7 +11,7 @@ from collections import defaultdict
 import torch
 from tqdm import tqdm
 
-from training import autocast_context
+from training import autocast_context, clips_to_device
 from utils.distributed import eval_module, gather_objects_to_main
 
 
@@ -31,7 +31,7 @@ def run_inference(loader, dataset, model, class_names, ctx, opt, result_file):
     for clips, video_indices, segments in tqdm(loader, desc='inference',
                                                disable=not ctx.is_main or opt.no_progress,
                                                dynamic_ncols=True, leave=False):
-        clips = clips.to(ctx.device, non_blocking=True)
+        clips = clips_to_device(clips, ctx.device, opt.channels_last)
         with autocast_context(ctx.device, opt.amp):
             logits = model(clips)
         probs = logits.float().softmax(1).cpu()

@@ -114,7 +114,7 @@ def run(opt, ctx):
              f'{opt.sample_size} clip; device {ctx.device}, {ctx.world_size} process(es)')
     if ctx.is_main:
         save_opts(opt, opt.result_path / 'opts.json')
-    model = make_parallel(model, ctx, opt.batchnorm_sync)
+    model = make_parallel(model, ctx, opt.batchnorm_sync, opt.channels_last)
 
     tb_writer = None
     if opt.tensorboard and ctx.is_main:

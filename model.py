@@ -185,12 +185,14 @@ def _top_level_modules(model):
             yield name, module
 
 
-def make_parallel(model, ctx, batchnorm_sync=False):
+def make_parallel(model, ctx, batchnorm_sync=False, channels_last=False):
     """Moves the model to its device and wraps it in DDP in distributed runs."""
     from utils.distributed import convert_sync_batchnorm
     if ctx.distributed and batchnorm_sync:
         model = convert_sync_batchnorm(model, ctx.device)
     model = model.to(ctx.device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last_3d)
     if ctx.distributed:
         device_ids = [ctx.local_rank] if ctx.device.type == 'cuda' else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)

@@ -46,6 +46,14 @@ def steps_per_epoch(n_batches, accumulation_steps):
     return math.ceil(n_batches / accumulation_steps)
 
 
+def clips_to_device(clips, device, channels_last=False):
+    """(N, C, T, H, W) clips to the device, asynchronously from pinned memory."""
+    clips = clips.to(device, non_blocking=True)
+    if channels_last:
+        clips = clips.contiguous(memory_format=torch.channels_last_3d)
+    return clips
+
+
 def autocast_context(device, enabled):
     if not enabled:
         return contextlib.nullcontext()
@@ -89,7 +97,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, scheduler, scaler, c
         t0 = time.perf_counter()
         inputs, targets = next(it)
         wait += time.perf_counter() - t0
-        inputs = inputs.to(device, non_blocking=True)
+        inputs = clips_to_device(inputs, device, opt.channels_last)
         targets = targets.to(device, non_blocking=True)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1
         no_sync = model.no_sync() if (ctx.distributed and not sync_now) else contextlib.nullcontext()

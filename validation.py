@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from training import autocast_context
+from training import autocast_context, clips_to_device
 from utils.distributed import all_reduce_sum, eval_module
 
 
@@ -24,7 +24,7 @@ def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
                dynamic_ncols=True, leave=False)
     for clips, targets in bar:
         b, n = clips.shape[:2]
-        clips = clips.to(device, non_blocking=True).flatten(0, 1)
+        clips = clips_to_device(clips.flatten(0, 1), device, opt.channels_last)
         targets = targets.to(device, non_blocking=True)
         with autocast_context(device, opt.amp):
             logits = model(clips)

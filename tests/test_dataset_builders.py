@@ -89,3 +89,17 @@ def test_one_parameter_group_without_frozen_tensors():
     optimizer = make_optimizer(net, opt)
     assert len(optimizer.param_groups) == 1
     assert len(optimizer.param_groups[0]['params']) == 2
+
+
+def test_channels_last_gives_the_same_training(tiny_synthetic, tmp_path):
+    for name, extra in (('plain', ()), ('cl', ('--channels_last',))):
+        main.main(tiny_args(*tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--no_val',
+                            '--inference', *extra))
+    a = torch.load(tmp_path / 'plain' / 'save_1.pth', weights_only=True)['state_dict']
+    b = torch.load(tmp_path / 'cl' / 'save_1.pth', weights_only=True)['state_dict']
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=1e-4), k
+    ra = json.loads((tmp_path / 'plain' / 'val.json').read_text())['results']
+    rb = json.loads((tmp_path / 'cl' / 'val.json').read_text())['results']
+    assert [e['label'] for v in ra.values() for e in v[:1]] == \
+        [e['label'] for v in rb.values() for e in v[:1]]

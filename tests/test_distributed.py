@@ -20,7 +20,7 @@ N_CLASSES = 4
 
 def train_opt(**kw):
     base = dict(accumulation_steps=1, lr_scheduler='multistep', log_interval=100,
-                no_progress=True, amp=False, optimizer='sgd', learning_rate=0.01, momentum=0.9,
+                no_progress=True, amp=False, channels_last=False, optimizer='sgd', learning_rate=0.01, momentum=0.9,
                 dampening=0.0, weight_decay=1e-3, nesterov=False)
     base.update(kw)
     return argparse.Namespace(**base)
