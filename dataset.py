@@ -57,6 +57,15 @@ def _records(opt, subset):
     return records, class_names
 
 
+def _finish(dataset, spatial, opt):
+    """With --normalize_on_device the workers hand over uint8 clips and
+    `dataset.device_normaliser` converts them after the copy to the device."""
+    defer = opt.normalize_on_device == 'on' or \
+        (opt.normalize_on_device == 'auto' and getattr(opt, 'device_type', 'cpu') == 'cuda')
+    dataset.device_normaliser = spatial.defer_normalisation() if defer else None
+    return dataset
+
+
 def get_training_data(opt):
     records, class_names = _records(opt, 'training')
     if opt.train_t_crop == 'random':
@@ -70,7 +79,7 @@ def get_training_data(opt):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale)
     loader = make_loader(opt.file_type, opt.input_type)
-    return VideoClipDataset(records, loader, temporal, spatial), class_names
+    return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, opt), class_names
 
 
 def get_validation_data(opt):
@@ -81,7 +90,7 @@ def get_validation_data(opt):
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop='center')
     loader = make_loader(opt.file_type, opt.input_type)
-    return VideoClipDataset(records, loader, temporal, spatial), class_names
+    return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, opt), class_names
 
 
 def get_inference_data(opt):
@@ -92,7 +101,8 @@ def get_inference_data(opt):
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop=opt.inference_crop)
     loader = make_loader(opt.file_type, opt.input_type)
-    return VideoWindowDataset(records, loader, temporal, spatial), class_names
+    return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, opt), \
+        class_names
 
 
 def _loader_kwargs(opt, ctx):

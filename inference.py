@@ -31,7 +31,7 @@ def run_inference(loader, dataset, model, class_names, ctx, opt, result_file):
     for clips, video_indices, segments in tqdm(loader, desc='inference',
                                                disable=not ctx.is_main or opt.no_progress,
                                                dynamic_ncols=True, leave=False):
-        clips = clips_to_device(clips, ctx.device, opt.channels_last)
+        clips = clips_to_device(clips, ctx.device, opt.channels_last, dataset.device_normaliser)
         with autocast_context(ctx.device, opt.amp):
             logits = model(clips)
         probs = logits.float().softmax(1).cpu()

@@ -76,6 +76,7 @@ def run(opt, ctx):
             opt.resume_path = latest
             log(ctx, f'auto-resume from {latest}')
     apply_lr_scaling(opt, ctx)
+    opt.device_type = ctx.device.type
     if opt.amp and ctx.device.type != 'cuda':
         # bf16 convolutions are no faster than fp32 on most CPUs, and oneDNN's
         # bf16 conv3d backward gave sporadic infinite weight gradients here.

@@ -134,6 +134,9 @@ def build_parser():
     _add(g, '--n_epochs', default=200, type=int, help='Last epoch to train (epochs count from 1)')
     _add(g, '--accumulation_steps', default=1, type=int,
          help='Micro-batches whose gradients are accumulated before each optimizer step')
+    _add(g, '--normalize_on_device', default='auto', choices=['auto', 'on', 'off'],
+         help='Copy clips to the device as uint8 and convert/normalise there (4x fewer '
+              'bytes to move); auto: on with GPUs')
     _add(g, '--channels_last', action='store_true',
          help='Model and clips in channels_last_3d memory format (faster 3D '
               'convolutions on recent GPUs, mostly with --amp)')

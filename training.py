@@ -46,9 +46,12 @@ def steps_per_epoch(n_batches, accumulation_steps):
     return math.ceil(n_batches / accumulation_steps)
 
 
-def clips_to_device(clips, device, channels_last=False):
-    """(N, C, T, H, W) clips to the device, asynchronously from pinned memory."""
+def clips_to_device(clips, device, channels_last=False, normaliser=None):
+    """Clips to the device, asynchronously from pinned memory, as (N, C, T, H, W)
+    float: uint8 (N, T, C, H, W) clips are normalised there by `normaliser`."""
     clips = clips.to(device, non_blocking=True)
+    if normaliser is not None:
+        clips = normaliser(clips)
     if channels_last:
         clips = clips.contiguous(memory_format=torch.channels_last_3d)
     return clips
@@ -92,12 +95,14 @@ def train_epoch(epoch, loader, model, criterion, optimizer, scheduler, scaler, c
     last_report = start
     last_clips = 0
     it = iter(loader)
+    normaliser = getattr(loader.dataset, 'device_normaliser', None) \
+        if hasattr(loader, 'dataset') else None
     for i in range(n_batches):
         lr_now = optimizer.param_groups[0]['lr']  # the lr this step uses
         t0 = time.perf_counter()
         inputs, targets = next(it)
         wait += time.perf_counter() - t0
-        inputs = clips_to_device(inputs, device, opt.channels_last)
+        inputs = clips_to_device(inputs, device, opt.channels_last, normaliser)
         targets = targets.to(device, non_blocking=True)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1
         no_sync = model.no_sync() if (ctx.distributed and not sync_now) else contextlib.nullcontext()

@@ -24,7 +24,8 @@ def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
                dynamic_ncols=True, leave=False)
     for clips, targets in bar:
         b, n = clips.shape[:2]
-        clips = clips_to_device(clips.flatten(0, 1), device, opt.channels_last)
+        clips = clips_to_device(clips.flatten(0, 1), device, opt.channels_last,
+                                getattr(loader.dataset, 'device_normaliser', None))
         targets = targets.to(device, non_blocking=True)
         with autocast_context(device, opt.amp):
             logits = model(clips)

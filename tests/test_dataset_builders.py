@@ -11,6 +11,7 @@ import main
 from opts import parse_opts
 from tests.conftest import tiny_args
 from utils.distributed import DistContext
+from utils.logs import read_tsv
 
 
 def parsed(tiny, tmp_path, *extra):
@@ -103,3 +104,39 @@ def test_channels_last_gives_the_same_training(tiny_synthetic, tmp_path):
     rb = json.loads((tmp_path / 'cl' / 'val.json').read_text())['results']
     assert [e['label'] for v in ra.values() for e in v[:1]] == \
         [e['label'] for v in rb.values() for e in v[:1]]
+
+
+def test_normalising_on_the_device_gives_the_same_clips(tiny_synthetic, tmp_path):
+    outputs = {}
+    for mode in ('off', 'on'):
+        opt = parsed(tiny_synthetic, tmp_path, '--normalize_on_device', mode,
+                     '--train_crop', 'random', '--colorjitter')
+        train_set, _ = data.get_training_data(opt)
+        val_set, _ = data.get_validation_data(opt)
+        infer_set, _ = data.get_inference_data(opt)
+        items = []
+        for ds in (train_set, val_set, infer_set):
+            data.seed_worker_rngs(5)
+            x = ds[1][0]
+            if ds.device_normaliser is not None:
+                assert x.dtype == torch.uint8
+                x = ds.device_normaliser(x.flatten(0, -5) if x.dim() == 5 else x[None])
+                x = x if ds is val_set else x[0]
+            items.append(x)
+        outputs[mode] = items
+    for a, b in zip(outputs['off'], outputs['on']):
+        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_training_with_normalisation_on_the_device(tiny_synthetic, tmp_path):
+    for mode in ('off', 'on'):
+        main.main(tiny_args(*tiny_synthetic, tmp_path / mode, '--n_epochs', '1',
+                            '--normalize_on_device', mode, '--inference'))
+    a = torch.load(tmp_path / 'off' / 'save_1.pth', weights_only=True)['state_dict']
+    b = torch.load(tmp_path / 'on' / 'save_1.pth', weights_only=True)['state_dict']
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=1e-5), k
+    va = read_tsv(tmp_path / 'off' / 'val.log')[0]
+    vb = read_tsv(tmp_path / 'on' / 'val.log')[0]
+    assert float(va['loss']) == pytest.approx(float(vb['loss']), rel=1e-4)
