@@ -189,3 +189,22 @@ def test_plateau_follows_validation_loss(tiny_synthetic, tmp_path):
         else:
             current *= 0.1
     assert lr == pytest.approx(expected, rel=1e-3)
+
+
+def test_hdf5_videos_with_zero_based_segments(tiny_synthetic, tmp_path):
+    """Frames packed by util_scripts.generate_video_hdf5 and a Kinetics-style
+    annotation with 0-based segments train, validate and infer like the jpgs."""
+    from util_scripts import generate_video_hdf5
+    video_path, annotation_path = tiny_synthetic
+    hdf5 = tmp_path / 'hdf5'
+    generate_video_hdf5.main([str(video_path), str(hdf5), 'ucf101', '--n_jobs', '1'])
+    ann = json.loads(annotation_path.read_text())
+    for entry in ann['database'].values():
+        begin, end = entry['annotations']['segment']
+        entry['annotations']['segment'] = [begin - 1, end - 1]
+    (tmp_path / 'kinetics.json').write_text(json.dumps(ann))
+    run((hdf5, tmp_path / 'kinetics.json'), tmp_path / 'r', '--file_type', 'hdf5',
+        '--dataset', 'kinetics', '--n_epochs', '1', '--inference', '--inference_stride', '4',
+        '--sample_duration', '12', '--train_t_crop', 'center')
+    results = json.loads((tmp_path / 'r' / 'val.json').read_text())['results']
+    assert len(results) == 12
