@@ -106,6 +106,8 @@ def get_inference_data(opt):
 
 
 def _loader_kwargs(opt, ctx):
+    # Workers are not persistent: each epoch's workers are seeded afresh from
+    # that epoch's seed (seed_worker_rngs), which makes resumed runs exact.
     kwargs = dict(num_workers=opt.n_threads, pin_memory=ctx.device.type == 'cuda')
     if opt.n_threads > 0:
         kwargs['prefetch_factor'] = 4
