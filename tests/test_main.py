@@ -208,3 +208,17 @@ def test_hdf5_videos_with_zero_based_segments(tiny_synthetic, tmp_path):
         '--sample_duration', '12', '--train_t_crop', 'center')
     results = json.loads((tmp_path / 'r' / 'val.json').read_text())['results']
     assert len(results) == 12
+
+
+def test_inference_per_clip_results(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--inference',
+        '--inference_no_average', '--inference_stride', '2', '--output_topk', '0',
+        '--inference_subset', 'test')
+    results = json.loads((tmp_path / 'test.json').read_text())['results']
+    assert len(results) == 3  # every test video, though its label is unknown
+    for clips in results.values():
+        # 12-frame videos, 8-frame windows every 2 frames: starts 0, 2, 4 -> 3 clips
+        assert [c['segment'] for c in clips] == [[1, 9], [3, 11], [5, 13]]
+        for c in clips:
+            assert len(c['result']) == 6  # --output_topk 0: every class
+            assert sum(e['score'] for e in c['result']) == pytest.approx(1, abs=1e-4)
