@@ -165,10 +165,7 @@ class ResNet(nn.Module):
     ):
         super().__init__()
         in_planes = block_inplanes[0]
-        self.conv1 = nn.Conv3d(
-            n_input_channels, in_planes, kernel_size=(conv1_t_size, 7, 7),
-            stride=(conv1_t_stride, 2, 2), padding=(conv1_t_size // 2, 3, 3), bias=False)
-        self.bn1 = nn.BatchNorm3d(in_planes)
+        self.make_stem(n_input_channels, in_planes, conv1_t_size, conv1_t_stride)
         self.relu = nn.ReLU(inplace=True)
         # Identity rather than a skipped module keeps forward() and the child list uniform.
         self.maxpool = nn.Identity() if no_max_pool else nn.MaxPool3d(kernel_size=3, stride=2, padding=1)
@@ -186,8 +183,18 @@ class ResNet(nn.Module):
 
         init_weights(self)
 
+    def make_stem(self, n_input_channels: int, planes: int, t_size: int, t_stride: int) -> None:
+        """The first convolution and its BN (registered first: state_dict key order)."""
+        self.conv1 = nn.Conv3d(
+            n_input_channels, planes, kernel_size=(t_size, 7, 7),
+            stride=(t_stride, 2, 2), padding=(t_size // 2, 3, 3), bias=False)
+        self.bn1 = nn.BatchNorm3d(planes)
+
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.bn1(self.conv1(x)))
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.maxpool(self.stem(x))
         x = self.layer1(x)
         x = self.layer2(x)
         x = self.layer3(x)

@@ -6,12 +6,12 @@ and a (3, 1, 1) temporal conv. The intermediate width is chosen so the pair
 has about as many parameters as the 3D conv it replaces. Keys and shapes
 match the predecessor's checkpoints.
 """
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from .resnet import conv1x1x1, get_inplanes, init_weights, make_layer
+from .resnet import ResNet, conv1x1x1, get_inplanes
 
 __all__ = ['ResNet2p1d', 'BasicBlock2p1d', 'Bottleneck2p1d', 'generate_model']
 
@@ -86,61 +86,25 @@ class Bottleneck2p1d(nn.Module):
         return self.relu(out)
 
 
-class ResNet2p1d(nn.Module):
-    """R(2+1)D ResNet. Top-level children, in order: conv1_s, bn1_s, conv1_t,
-    bn1_t, relu, maxpool, layer1..layer4, avgpool, fc."""
+class ResNet2p1d(ResNet):
+    """R(2+1)D ResNet: the ResNet with a factorised stem and (2+1)D blocks.
+    Top-level children, in order: conv1_s, bn1_s, conv1_t, bn1_t, relu,
+    maxpool, layer1..layer4, avgpool, fc."""
 
-    def __init__(
-            self,
-            block: type,
-            layers: Sequence[int],
-            block_inplanes: Sequence[int],
-            n_input_channels: int = 3,
-            conv1_t_size: int = 7,
-            conv1_t_stride: int = 1,
-            no_max_pool: bool = False,
-            shortcut_type: str = 'B',
-            n_classes: int = 400,
-    ):
-        super().__init__()
-        in_planes = block_inplanes[0]
-        # Stem mid width as for a (t, 7, 7) conv. The predecessor computes it for 3 input
+    def make_stem(self, n_input_channels: int, planes: int, t_size: int, t_stride: int) -> None:
+        # Mid width as for a (t, 7, 7) conv. The predecessor computes it for 3 input
         # channels whatever n_input_channels is; kept so flow checkpoints load too.
-        mid = (3 * in_planes * conv1_t_size * 49) // (3 * 49 + conv1_t_size * in_planes)
+        mid = (3 * planes * t_size * 49) // (3 * 49 + t_size * planes)
         self.conv1_s = nn.Conv3d(n_input_channels, mid, kernel_size=(1, 7, 7), stride=(1, 2, 2),
                                  padding=(0, 3, 3), bias=False)
         self.bn1_s = nn.BatchNorm3d(mid)
-        self.conv1_t = nn.Conv3d(mid, in_planes, kernel_size=(conv1_t_size, 1, 1), stride=(conv1_t_stride, 1, 1),
-                                 padding=(conv1_t_size // 2, 0, 0), bias=False)
-        self.bn1_t = nn.BatchNorm3d(in_planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.Identity() if no_max_pool else nn.MaxPool3d(kernel_size=3, stride=2, padding=1)
+        self.conv1_t = nn.Conv3d(mid, planes, kernel_size=(t_size, 1, 1), stride=(t_stride, 1, 1),
+                                 padding=(t_size // 2, 0, 0), bias=False)
+        self.bn1_t = nn.BatchNorm3d(planes)
 
-        for i, (planes, n_blocks) in enumerate(zip(block_inplanes, layers)):
-            stage = make_layer(block, in_planes, planes, n_blocks, stride=1 if i == 0 else 2,
-                               shortcut_type=shortcut_type)
-            self.add_module(f'layer{i + 1}', stage)
-            in_planes = planes * block.expansion
-
-        self.avgpool = nn.AdaptiveAvgPool3d(1)
-        self.num_features = in_planes
-        self.fc = nn.Linear(in_planes, n_classes)
-
-        init_weights(self)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.bn1_s(self.conv1_s(x)))
-        x = self.maxpool(self.relu(self.bn1_t(self.conv1_t(x))))
-        x = self.layer1(x)
-        x = self.layer2(x)
-        x = self.layer3(x)
-        return self.layer4(x)
-
-    def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        return self.relu(self.bn1_t(self.conv1_t(x)))
 
 
 _DEPTHS = {
