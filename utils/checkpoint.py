@@ -81,8 +81,10 @@ def capture_rng_state():
                   int(np_state[2]), int(np_state[3]), float(np_state[4])],
         'torch': torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state['cuda'] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # This process's device only: get_rng_state_all() would create a CUDA
+        # context on every other GPU of the node from rank 0.
+        state['cuda'] = torch.cuda.get_rng_state()
     return state
 
 
@@ -94,6 +96,5 @@ def restore_rng_state(state):
     name, keys, pos, has_gauss, cached = state['numpy']
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state['torch'])
-    if 'cuda' in state and torch.cuda.is_available() and \
-            len(state['cuda']) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state['cuda'])
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state['cuda'])
