@@ -222,3 +222,41 @@ def test_inference_per_clip_results(tiny_synthetic, tmp_path):
         for c in clips:
             assert len(c['result']) == 6  # --output_topk 0: every class
             assert sum(e['score'] for e in c['result']) == pytest.approx(1, abs=1e-4)
+
+
+def test_two_channel_flow_from_hdf5(tiny_synthetic, tmp_path):
+    """--input_type flow: hdf5 files with video_u / video_v JPEG frames feed a
+    2-channel network through training, validation and inference."""
+    import io
+
+    import h5py
+    import numpy as np
+    from PIL import Image
+    video_path, annotation_path = tiny_synthetic
+    ann = json.loads(annotation_path.read_text())
+    flow = tmp_path / 'flow'
+    for vid, entry in ann['database'].items():
+        label = entry['annotations'].get('label', 'test') if entry['subset'] != 'testing' \
+            else 'test'
+        frames = sorted((video_path / label / vid).glob('image_*.jpg'))
+        (flow / label).mkdir(parents=True, exist_ok=True)
+        encoded = {'video_u': [], 'video_v': []}
+        for f in frames:
+            rgb = np.asarray(Image.open(f))
+            for key, channel in (('video_u', 0), ('video_v', 1)):
+                buf = io.BytesIO()
+                Image.fromarray(rgb[:, :, channel]).save(buf, format='JPEG')
+                encoded[key].append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+        with h5py.File(flow / label / f'{vid}.hdf5', 'w') as h:
+            for key, values in encoded.items():
+                d = h.create_dataset(key, (len(values),), dtype=h5py.vlen_dtype(np.uint8))
+                for i, v in enumerate(values):
+                    d[i] = v
+        if 'segment' in entry['annotations']:
+            entry['annotations']['segment'] = [0, len(frames)]
+    (tmp_path / 'flow.json').write_text(json.dumps(ann))
+    run((flow, tmp_path / 'flow.json'), tmp_path / 'r', '--file_type', 'hdf5',
+        '--input_type', 'flow', '--n_epochs', '1', '--inference', '--inference_stride', '4')
+    weights = load_checkpoint(tmp_path / 'r' / 'save_1.pth')['state_dict']
+    assert weights['conv1.weight'].shape[1] == 2
+    assert len(json.loads((tmp_path / 'r' / 'val.json').read_text())['results']) == 12
