@@ -112,7 +112,8 @@ def run(opt, ctx):
     opt.gflops_per_clip = round(count_gflops(model, clip_shape), 4)
     log(ctx, f'model {opt.arch}: {opt.n_parameters / 1e6:.2f} M parameters, '
              f'{opt.gflops_per_clip:.3f} GFLOPs per {opt.sample_duration}x{opt.sample_size}x'
-             f'{opt.sample_size} clip; device {ctx.device}, {ctx.world_size} process(es)')
+             f'{opt.sample_size} clip; device {ctx.device}, {ctx.world_size} process(es), '
+             f'batch {opt.batch_size_per_process} per process, lr {opt.learning_rate:g}')
     if ctx.is_main:
         save_opts(opt, opt.result_path / 'opts.json')
     model = make_parallel(model, ctx, opt.batchnorm_sync, opt.channels_last)
