@@ -4,19 +4,21 @@ import torch
 import torch.nn as nn
 
 from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
+from models.resnet import BOTTLENECK_DEPTHS, STAGE_BLOCKS
 from opts import OptionError
 from utils.checkpoint import load_checkpoint, strip_module_prefix
 
 MODEL_CHOICES = ('resnet', 'resnet2p1d', 'preresnet', 'wideresnet', 'resnext', 'densenet') + \
     tuple(torchvision_video.TORCHVISION_MODELS)
 
+RESNET_DEPTHS = tuple(STAGE_BLOCKS)
 DEPTHS = {
-    'resnet': (10, 18, 34, 50, 101, 152, 200),
-    'resnet2p1d': (10, 18, 34, 50, 101, 152, 200),
-    'preresnet': (10, 18, 34, 50, 101, 152, 200),
-    'wideresnet': (50, 101, 152, 200),
-    'resnext': (50, 101, 152, 200),
-    'densenet': (121, 169, 201, 264),
+    'resnet': RESNET_DEPTHS,
+    'resnet2p1d': RESNET_DEPTHS,
+    'preresnet': RESNET_DEPTHS,
+    'wideresnet': BOTTLENECK_DEPTHS,
+    'resnext': BOTTLENECK_DEPTHS,
+    'densenet': tuple(densenet.DEPTH_CONFIGS),
 }
 
 

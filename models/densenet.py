@@ -117,7 +117,8 @@ class DenseNet(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-_DEPTHS = {
+# depth -> (growth rate, layers per dense block, stem width)
+DEPTH_CONFIGS = {
     121: (32, (6, 12, 24, 16), 64),
     169: (32, (6, 12, 32, 32), 64),
     201: (32, (6, 12, 48, 32), 64),
@@ -134,9 +135,9 @@ def generate_model(
         conv1_t_stride: int = 1,
         no_max_pool: bool = False,
 ) -> DenseNet:
-    if model_depth not in _DEPTHS:
-        raise ValueError(f'densenet depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
-    growth_rate, block_config, num_init_features = _DEPTHS[model_depth]
+    if model_depth not in DEPTH_CONFIGS:
+        raise ValueError(f'densenet depth must be one of {sorted(DEPTH_CONFIGS)}, got {model_depth}')
+    growth_rate, block_config, num_init_features = DEPTH_CONFIGS[model_depth]
     return DenseNet(
         growth_rate=growth_rate, block_config=block_config, num_init_features=num_init_features,
         n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,

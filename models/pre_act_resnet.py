@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .resnet import ResNet, conv1x1x1, conv3x3x3, get_inplanes
+from .resnet import ResNet, conv1x1x1, conv3x3x3, get_inplanes, stage_layout
 
 __all__ = ['PreActBasicBlock', 'PreActBottleneck', 'generate_model']
 
@@ -58,17 +58,6 @@ class PreActBottleneck(nn.Module):
         return out + shortcut
 
 
-_DEPTHS = {
-    10: (PreActBasicBlock, (1, 1, 1, 1)),
-    18: (PreActBasicBlock, (2, 2, 2, 2)),
-    34: (PreActBasicBlock, (3, 4, 6, 3)),
-    50: (PreActBottleneck, (3, 4, 6, 3)),
-    101: (PreActBottleneck, (3, 4, 23, 3)),
-    152: (PreActBottleneck, (3, 8, 36, 3)),
-    200: (PreActBottleneck, (3, 24, 36, 3)),
-}
-
-
 def generate_model(
         model_depth: int,
         *,
@@ -80,9 +69,7 @@ def generate_model(
         shortcut_type: str = 'B',
         widen_factor: float = 1.0,
 ) -> ResNet:
-    if model_depth not in _DEPTHS:
-        raise ValueError(f'preresnet depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
-    block, layers = _DEPTHS[model_depth]
+    block, layers = stage_layout('preresnet', model_depth, PreActBasicBlock, PreActBottleneck)
     return ResNet(
         block, layers, [int(w * widen_factor) for w in get_inplanes()],
         n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,

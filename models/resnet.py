@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['ResNet', 'BasicBlock', 'Bottleneck', 'ZeroPadShortcut', 'generate_model', 'get_inplanes']
+__all__ = ['ResNet', 'BasicBlock', 'Bottleneck', 'ZeroPadShortcut', 'generate_model', 'get_inplanes',
+           'STAGE_BLOCKS', 'BOTTLENECK_DEPTHS', 'stage_layout']
 
 
 def get_inplanes() -> list:
@@ -207,16 +208,27 @@ class ResNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-# depth -> (block, blocks per stage)
-_DEPTHS = {
-    10: (BasicBlock, (1, 1, 1, 1)),
-    18: (BasicBlock, (2, 2, 2, 2)),
-    34: (BasicBlock, (3, 4, 6, 3)),
-    50: (Bottleneck, (3, 4, 6, 3)),
-    101: (Bottleneck, (3, 4, 23, 3)),
-    152: (Bottleneck, (3, 8, 36, 3)),
-    200: (Bottleneck, (3, 24, 36, 3)),
+# Residual blocks per stage for each depth, shared by every ResNet-style family.
+STAGE_BLOCKS = {
+    10: (1, 1, 1, 1),
+    18: (2, 2, 2, 2),
+    34: (3, 4, 6, 3),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+    200: (3, 24, 36, 3),
 }
+
+
+BOTTLENECK_DEPTHS = (50, 101, 152, 200)  # wideresnet and resnext exist only at these
+
+
+def stage_layout(family: str, model_depth: int, basic, bottleneck, depths=tuple(STAGE_BLOCKS)):
+    """(block, blocks per stage) of `model_depth`: the basic block below 50 layers,
+    the bottleneck from 50 on."""
+    if model_depth not in depths:
+        raise ValueError(f'{family} depth must be one of {sorted(depths)}, got {model_depth}')
+    return (basic if model_depth < 50 else bottleneck), STAGE_BLOCKS[model_depth]
 
 
 def generate_model(
@@ -230,9 +242,7 @@ def generate_model(
         shortcut_type: str = 'B',
         widen_factor: float = 1.0,
 ) -> ResNet:
-    if model_depth not in _DEPTHS:
-        raise ValueError(f'resnet depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
-    block, layers = _DEPTHS[model_depth]
+    block, layers = stage_layout('resnet', model_depth, BasicBlock, Bottleneck)
     return ResNet(
         block, layers, [int(w * widen_factor) for w in get_inplanes()],
         n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,

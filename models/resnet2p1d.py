@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .resnet import ResNet, conv1x1x1, get_inplanes
+from .resnet import ResNet, conv1x1x1, get_inplanes, stage_layout
 
 __all__ = ['ResNet2p1d', 'BasicBlock2p1d', 'Bottleneck2p1d', 'generate_model']
 
@@ -107,17 +107,6 @@ class ResNet2p1d(ResNet):
         return self.relu(self.bn1_t(self.conv1_t(x)))
 
 
-_DEPTHS = {
-    10: (BasicBlock2p1d, (1, 1, 1, 1)),
-    18: (BasicBlock2p1d, (2, 2, 2, 2)),
-    34: (BasicBlock2p1d, (3, 4, 6, 3)),
-    50: (Bottleneck2p1d, (3, 4, 6, 3)),
-    101: (Bottleneck2p1d, (3, 4, 23, 3)),
-    152: (Bottleneck2p1d, (3, 8, 36, 3)),
-    200: (Bottleneck2p1d, (3, 24, 36, 3)),
-}
-
-
 def generate_model(
         model_depth: int,
         *,
@@ -129,9 +118,7 @@ def generate_model(
         shortcut_type: str = 'B',
         widen_factor: float = 1.0,
 ) -> ResNet2p1d:
-    if model_depth not in _DEPTHS:
-        raise ValueError(f'resnet2p1d depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
-    block, layers = _DEPTHS[model_depth]
+    block, layers = stage_layout('resnet2p1d', model_depth, BasicBlock2p1d, Bottleneck2p1d)
     return ResNet2p1d(
         block, layers, [int(w * widen_factor) for w in get_inplanes()],
         n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .resnet import ResNet, conv1x1x1
+from .resnet import BOTTLENECK_DEPTHS, ResNet, conv1x1x1, stage_layout
 
 __all__ = ['ResNeXtBottleneck', 'generate_model', 'get_inplanes']
 
@@ -46,14 +46,6 @@ class ResNeXtBottleneck(nn.Module):
         return self.relu(out)
 
 
-_DEPTHS = {
-    50: (3, 4, 6, 3),
-    101: (3, 4, 23, 3),
-    152: (3, 8, 36, 3),
-    200: (3, 24, 36, 3),
-}
-
-
 def generate_model(
         model_depth: int,
         *,
@@ -65,12 +57,11 @@ def generate_model(
         no_max_pool: bool = False,
         shortcut_type: str = 'B',
 ) -> nn.Module:
-    if model_depth not in _DEPTHS:
-        raise ValueError(f'resnext depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
+    _, layers = stage_layout('resnext', model_depth, None, ResNeXtBottleneck, BOTTLENECK_DEPTHS)
     # The classifier sees 1024 * 2 features. The predecessor sized it cardinality * 32 * 2,
     # which is the same for the published cardinality 32 and a shape error otherwise.
     return ResNet(
-        ResNeXtBottleneck, _DEPTHS[model_depth], get_inplanes(),
+        ResNeXtBottleneck, layers, get_inplanes(),
         n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
         no_max_pool=no_max_pool, shortcut_type=shortcut_type, n_classes=n_classes,
         block_kwargs={'cardinality': cardinality})

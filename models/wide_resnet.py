@@ -4,21 +4,13 @@ included) multiplied by k and a bottleneck expansion of 2 instead of 4.
 """
 import torch.nn as nn
 
-from .resnet import Bottleneck, ResNet, get_inplanes
+from .resnet import BOTTLENECK_DEPTHS, Bottleneck, ResNet, get_inplanes, stage_layout
 
 __all__ = ['WideBottleneck', 'generate_model']
 
 
 class WideBottleneck(Bottleneck):
     expansion = 2
-
-
-_DEPTHS = {
-    50: (3, 4, 6, 3),
-    101: (3, 4, 23, 3),
-    152: (3, 8, 36, 3),
-    200: (3, 24, 36, 3),
-}
 
 
 def generate_model(
@@ -32,10 +24,9 @@ def generate_model(
         no_max_pool: bool = False,
         shortcut_type: str = 'B',
 ) -> nn.Module:
-    if model_depth not in _DEPTHS:
-        raise ValueError(f'wideresnet depth must be one of {sorted(_DEPTHS)}, got {model_depth}')
+    _, layers = stage_layout('wideresnet', model_depth, None, WideBottleneck, BOTTLENECK_DEPTHS)
     # int() so a fractional k (small test models) still gives integer widths.
     return ResNet(
-        WideBottleneck, _DEPTHS[model_depth], [int(w * k) for w in get_inplanes()],
+        WideBottleneck, layers, [int(w * k) for w in get_inplanes()],
         n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
         no_max_pool=no_max_pool, shortcut_type=shortcut_type, n_classes=n_classes)
