@@ -8,8 +8,10 @@ Where a clip comes from, in order:
   (datasets/spatial_transforms.py)
   DataLoader batches clips (C, T, H, W) -> (N, C, T, H, W) for the model.
 """
+import random
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -152,9 +154,6 @@ def make_inference_loader(dataset, opt, ctx):
 
 def seed_worker_rngs(seed):
     """Seeds the main process; DataLoader draws each epoch's worker seeds from it."""
-    import random
-
-    import numpy as np
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -23,7 +23,8 @@ def _topk(scores, class_names, k):
 
 
 @torch.no_grad()
-def run_inference(loader, dataset, model, class_names, ctx, opt, result_file):
+def run_inference(loader, model, class_names, ctx, opt, result_file):
+    dataset = loader.dataset
     model = eval_module(model)
     prob_sums = {}
     counts = defaultdict(int)

@@ -6,6 +6,7 @@
 import re
 import sys
 import time
+from collections import Counter
 
 import torch
 import torch.multiprocessing as mp
@@ -139,7 +140,6 @@ def run(opt, ctx):
                 scaler.load_state_dict(checkpoint['scaler'])
             restore_rng_state(checkpoint.get('rng_state'))
             if opt.overwrite_milestones and opt.lr_scheduler == 'multistep':
-                from collections import Counter
                 scheduler.milestones = Counter(opt.multistep_milestones)
         train_logger = batch_logger = val_logger = None
         if ctx.is_main:
@@ -197,7 +197,7 @@ def run(opt, ctx):
     if infer_set is not None:
         infer_loader = data.make_inference_loader(infer_set, opt, ctx)
         result_file = opt.result_path / f'{opt.inference_subset}.json'
-        run_inference(infer_loader, infer_set, model, class_names, ctx, opt, result_file)
+        run_inference(infer_loader, model, class_names, ctx, opt, result_file)
         if ctx.is_main:
             log(ctx, f'inference results: {result_file}')
             report_inference_accuracy(opt, result_file, ctx)

@@ -18,8 +18,7 @@ class TsvLogger:
             self.file.flush()
 
     def log(self, values):
-        self.writer.writerow([_fmt(values[col]) for col in self.header])
-        self.file.flush()
+        self.log_many([values])
 
     def log_many(self, rows):
         for values in rows:
