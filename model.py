@@ -7,6 +7,7 @@ from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchv
 from models.resnet import BOTTLENECK_DEPTHS, STAGE_BLOCKS
 from opts import OptionError
 from utils.checkpoint import load_checkpoint, strip_module_prefix
+from utils.distributed import convert_sync_batchnorm, unwrap
 
 MODEL_CHOICES = ('resnet', 'resnet2p1d', 'preresnet', 'wideresnet', 'resnext', 'densenet') + \
     tuple(torchvision_video.TORCHVISION_MODELS)
@@ -167,9 +168,7 @@ def freeze_before(model, ft_begin_module):
 
 def keep_frozen_eval(model):
     """Call after model.train(): frozen modules keep their BN statistics."""
-    net = model
-    while hasattr(net, 'module'):
-        net = net.module
+    net = unwrap(model)
     frozen = set(getattr(net, '_frozen_modules', ()))
     if frozen:
         for name, module in _top_level_modules(net):
@@ -189,7 +188,6 @@ def _top_level_modules(model):
 
 def make_parallel(model, ctx, batchnorm_sync=False, channels_last=False):
     """Moves the model to its device and wraps it in DDP in distributed runs."""
-    from utils.distributed import convert_sync_batchnorm
     if ctx.distributed and batchnorm_sync:
         model = convert_sync_batchnorm(model, ctx.device)
     model = model.to(ctx.device)
