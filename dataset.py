@@ -4,7 +4,7 @@ Where a clip comes from, in order:
   annotation JSON -> VideoRecord (datasets/annotation.py)
   temporal transform picks frame positions (datasets/temporal_transforms.py)
   loader reads and decodes those frames at once (datasets/loader.py)
-  spatial transform crops/flips/resizes the whole uint8 clip, then normalises
+  spatial transform crops/flips/resizes the whole uint8 clip, then normalizes
   (datasets/spatial_transforms.py)
   DataLoader batches clips (C, T, H, W) -> (N, C, T, H, W) for the model.
 """
@@ -15,33 +15,36 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from datasets.annotation import DataError, check_videos, load_annotations
+from datasets.annotation import SUBSET_NAMES, DataError, check_videos, load_annotations
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
 from datasets.synthetic import prepare_synthetic
-from datasets.temporal_transforms import (SlidingWindow, TemporalCenterCrop, TemporalEvenCrop,
-                                          TemporalRandomCrop)
-from datasets.videodataset import VideoClipDataset, VideoWindowDataset
+from datasets.temporal_transforms import (
+    SlidingWindow,
+    TemporalCenterCrop,
+    TemporalEvenCrop,
+    TemporalRandomCrop,
+)
+from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from opts import OptionError
+from utils.distributed import barrier
 
-SUBSETS = {'train': 'training', 'val': 'validation', 'test': 'testing'}
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
 
 
-def prepare_synthetic_paths(opt, ctx):
-    """--dataset synthetic: generates the data set once (video_path is its root,
-    default data/synthetic) and points video_path/annotation_path at it."""
-    from utils.distributed import barrier
+def data_paths(opt, ctx):
+    """(video_path, annotation_path) of the run. --dataset synthetic generates the
+    data set once (video_path is its root, default data/synthetic)."""
+    if opt.dataset != 'synthetic':
+        return opt.video_path, opt.annotation_path
     root = opt.video_path if opt.video_path is not None else \
         (opt.root_path or Path('.')) / DEFAULT_SYNTHETIC_ROOT
     if ctx.local_rank == 0:
         prepare_synthetic(root, seed=0)
     barrier(ctx)
     video_path, annotation_path = prepare_synthetic(root, seed=0)  # instant once written
-    opt.video_path = Path(video_path)
-    if opt.annotation_path is None:
-        opt.annotation_path = Path(annotation_path)
+    return Path(video_path), opt.annotation_path or Path(annotation_path)
 
 
 def _mean_std(opt):
@@ -49,27 +52,26 @@ def _mean_std(opt):
                         no_mean_norm=opt.no_mean_norm, no_std_norm=opt.no_std_norm)
 
 
-def _records(opt, subset):
-    records, class_names = load_annotations(opt.annotation_path, subset, opt.video_path,
+def _records(opt, record, subset):
+    records, class_names = load_annotations(record.annotation_path, subset, record.video_path,
                                             opt.dataset, file_type=opt.file_type)
     if len(class_names) != opt.n_classes:
-        raise DataError(f'--n_classes is {opt.n_classes} but {opt.annotation_path} has '
+        raise DataError(f'--n_classes is {opt.n_classes} but {record.annotation_path} has '
                         f'{len(class_names)} labels: set --n_classes {len(class_names)}')
     check_videos(records, opt.file_type)
     return records, class_names
 
 
-def _finish(dataset, spatial, opt):
+def _finish(dataset, spatial, record):
     """With --normalize_on_device the workers hand over uint8 clips and
-    `dataset.device_normaliser` converts them after the copy to the device."""
-    defer = opt.normalize_on_device == 'on' or \
-        (opt.normalize_on_device == 'auto' and getattr(opt, 'device_type', 'cpu') == 'cuda')
-    dataset.device_normaliser = spatial.defer_normalisation() if defer else None
+    `dataset.device_normalizer` converts them after the copy to the device."""
+    defer = record.normalize_on_device
+    dataset.device_normalizer = spatial.defer_normalization() if defer else None
     return dataset
 
 
-def get_training_data(opt):
-    records, class_names = _records(opt, 'training')
+def get_training_data(opt, record):
+    records, class_names = _records(opt, record, 'training')
     if opt.train_t_crop == 'random':
         temporal = TemporalRandomCrop(opt.sample_duration, opt.sample_t_stride)
     else:
@@ -81,30 +83,45 @@ def get_training_data(opt):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale)
     loader = make_loader(opt.file_type, opt.input_type)
-    return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, opt), class_names
+    return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
-def get_validation_data(opt):
+def get_validation_data(opt, record):
     """One item per video: n_val_samples clips spread evenly over it."""
-    records, class_names = _records(opt, 'validation')
+    records, class_names = _records(opt, record, 'validation')
     temporal = TemporalEvenCrop(opt.sample_duration, opt.n_val_samples, opt.sample_t_stride)
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop='center')
     loader = make_loader(opt.file_type, opt.input_type)
-    return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, opt), class_names
+    return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
-def get_inference_data(opt):
+def get_inference_data(opt, record):
     """One item per sliding window; windows of a video are contiguous."""
-    records, class_names = _records(opt, SUBSETS[opt.inference_subset])
+    records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset])
     temporal = SlidingWindow(opt.sample_duration, opt.inference_stride, opt.sample_t_stride)
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop=opt.inference_crop)
     loader = make_loader(opt.file_type, opt.input_type)
-    return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, opt), \
+    return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names
+
+
+class VideoDataLoader(DataLoader):
+    """A DataLoader that raises a worker's DataError in the main process with the
+    worker's message as it was: the data sets hand it back as a BadVideo value,
+    because DataLoader would re-raise it with a traceback pasted into the text."""
+
+    def __init__(self, dataset, **kwargs):
+        super().__init__(dataset, collate_fn=collate, **kwargs)
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            if isinstance(batch, BadVideo):
+                raise DataError(batch.message)
+            yield batch
 
 
 def _loader_kwargs(opt, ctx):
@@ -134,14 +151,14 @@ def make_train_loader(dataset, opt, ctx):
         raise DataError(f'--batch_size {opt.batch_size} is larger than the training set '
                         f'({len(dataset)} videos over {ctx.world_size} processes): lower it')
     # drop_last: a 1-clip batch breaks BatchNorm and distorts the epoch mean.
-    return DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
+    return VideoDataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
                       **_loader_kwargs(opt, ctx))
 
 
 def make_val_loader(dataset, opt, ctx):
     sampler = ShardSampler(len(dataset), ctx.rank, ctx.world_size)
     batch = max(1, per_process_batch(opt.batch_size, ctx) // max(1, opt.n_val_samples))
-    return DataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+    return VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
 
 
 def make_inference_loader(dataset, opt, ctx):
@@ -149,7 +166,7 @@ def make_inference_loader(dataset, opt, ctx):
     # by window count so long videos do not leave one rank behind.
     sampler = dataset.shard(ctx.rank, ctx.world_size)
     batch = max(1, opt.inference_batch_size // ctx.world_size)
-    return DataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+    return VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
 
 
 def seed_worker_rngs(seed):

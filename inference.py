@@ -23,33 +23,34 @@ def _topk(scores, class_names, k):
 
 
 @torch.no_grad()
-def run_inference(loader, model, class_names, ctx, opt, result_file):
+def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, average=True):
+    """topk <= 0 writes every class; average=False writes each window's result."""
     dataset = loader.dataset
     model = eval_module(model)
     prob_sums = {}
     counts = defaultdict(int)
     per_clip = defaultdict(list)
     for clips, video_indices, segments in tqdm(loader, desc='inference',
-                                               disable=not ctx.is_main or opt.no_progress,
+                                               disable=not (ctx.is_main and config.progress_bar),
                                                dynamic_ncols=True, leave=False):
-        clips = clips_to_device(clips, ctx.device, opt.channels_last, dataset.device_normaliser)
-        with autocast_context(ctx.device, opt.amp):
+        clips = clips_to_device(clips, ctx.device, config.channels_last, dataset.device_normalizer)
+        with autocast_context(ctx.device, config.amp):
             logits = model(clips)
         probs = logits.float().softmax(1).cpu()
         begins, ends = segments
         for p, v, b, e in zip(probs, video_indices.tolist(), begins.tolist(), ends.tolist()):
-            if opt.inference_no_average:
+            if not average:
                 per_clip[v].append(([b, e], p))
             else:
                 prob_sums[v] = prob_sums[v] + p if v in prob_sums else p.clone()
                 counts[v] += 1
-    if opt.inference_no_average:
+    if not average:
         local = {dataset.records[v].video_id:
-                 [{'segment': seg, 'result': _topk(p, class_names, opt.output_topk)}
+                 [{'segment': seg, 'result': _topk(p, class_names, topk)}
                   for seg, p in clips_of_video]
                  for v, clips_of_video in per_clip.items()}
     else:
-        local = {dataset.records[v].video_id: _topk(s / counts[v], class_names, opt.output_topk)
+        local = {dataset.records[v].video_id: _topk(s / counts[v], class_names, topk)
                  for v, s in prob_sums.items()}
     gathered = gather_objects_to_main(local, ctx)
     if not ctx.is_main:

@@ -2,27 +2,44 @@
 
     python main.py --dataset synthetic --result_path results/demo
     torchrun --nproc_per_node=8 main.py --distributed ...
+
+A run is five stages, read top to bottom in `run`: prepare (what the options
+mean on this machine), load_data (every data set, checked before any training),
+restore (model, pretrained or resumed weights, frozen layers), fit (the epoch
+loop) or evaluate (validation only), and infer.
 """
-import re
+import contextlib
 import sys
 import time
-from collections import Counter
+from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
 
 import dataset as data
-from datasets.annotation import DataError
+from datasets.annotation import SUBSET_NAMES, DataError
 from inference import run_inference
 from model import build_model, freeze_before, load_state_dict_checked, make_parallel
 from opts import OptionError, opts_to_dict, parse_opts, save_opts
-from training import amp_dtype, make_optimizer, make_scheduler, steps_per_epoch, train_epoch
+from training import LoopConfig, OptimizerConfig, amp_dtype, make_optimizer, train_epoch
 from utils import distributed as du
-from utils.checkpoint import (CheckpointError, capture_rng_state, find_latest_checkpoint, load_checkpoint,
-                              restore_rng_state, save_checkpoint_atomic)
+from utils.checkpoint import (
+    CheckpointError,
+    capture_rng_state,
+    find_latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint_atomic,
+)
 from utils.flops import count_gflops, count_parameters
 from utils.logs import TsvLogger
+from utils.lr_schedule import LRSchedule, ScheduleConfig, steps_per_epoch
+from utils.run_record import RunRecord
+from utils.video_accuracy import compute_accuracy
 from validation import val_epoch
+
+# Bad input: one clear message and exit status 2, no traceback.
+USER_ERRORS = (DataError, OptionError, CheckpointError)
 
 
 def log(ctx, *args):
@@ -30,194 +47,282 @@ def log(ctx, *args):
         print(*args, flush=True)
 
 
-def epoch_seed(opt, ctx, epoch):
+def run(opt, ctx):
+    """The stages of one process's run."""
+    record = prepare(opt, ctx)
+    datasets = load_data(opt, record)
+    model, checkpoint = restore(opt, ctx, record)
+    if ctx.is_main:
+        save_opts(opt, opt.result_path / 'opts.json', run=record.to_dict())
+    model = make_parallel(model, ctx, opt.batchnorm_sync, opt.channels_last)
+    config = loop_config(opt, record)
+    with tensorboard_writer(opt, ctx) as tb_writer:
+        val_loader = data.make_val_loader(datasets.val, opt, ctx) if datasets.val is not None else None
+        if datasets.train is not None:
+            fit(opt, ctx, record, config, model, checkpoint, datasets.train, val_loader, tb_writer)
+        elif val_loader is not None:
+            evaluate(ctx, record, config, model, val_loader, tb_writer)
+        if datasets.infer is not None:
+            infer(opt, ctx, record, config, model, datasets)
+    log(ctx, f'logs, checkpoints and opts.json are in {opt.result_path}')
+
+
+# ----------------------------------------------------------------------------- prepare
+
+def prepare(opt, ctx):
+    """The run record: device settings, the effective learning rate, the data
+    paths and the checkpoint to resume from."""
+    opt.result_path.mkdir(parents=True, exist_ok=True)
+    if ctx.device.type == 'cuda':
+        torch.backends.cudnn.benchmark = True  # fixed clip shapes: pick the fastest kernels
+    if opt.amp and ctx.device.type != 'cuda':
+        # bf16 convolutions are no faster than fp32 on most CPUs, and oneDNN's
+        # bf16 conv3d backward gave sporadic infinite weight gradients here.
+        log(ctx, '--amp is ignored on CPU: training in float32')
+    video_path, annotation_path = data.data_paths(opt, ctx)
+    return RunRecord(
+        device=str(ctx.device), world_size=ctx.world_size,
+        batch_per_process=data.per_process_batch(opt.batch_size, ctx),
+        learning_rate=effective_learning_rate(opt, ctx),
+        amp=opt.amp and ctx.device.type == 'cuda',
+        normalize_on_device=opt.normalize_on_device == 'on' or
+        (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
+        video_path=video_path, annotation_path=annotation_path,
+        resume_path=resume_path(opt, ctx))
+
+
+def effective_learning_rate(opt, ctx):
+    if opt.lr_scaling != 'linear':
+        return opt.learning_rate
+    global_batch = opt.batch_size * opt.accumulation_steps
+    lr = opt.learning_rate * global_batch / opt.base_batch_size
+    log(ctx, f'linear lr scaling: lr {opt.learning_rate:g} x {global_batch}/'
+             f'{opt.base_batch_size} = {lr:g}')
+    return lr
+
+
+def resume_path(opt, ctx):
+    if opt.resume_path is not None or not opt.auto_resume:
+        return opt.resume_path
+    # Rank 0 chooses, so every rank resumes from the same file.
+    latest = du.broadcast_object(
+        find_latest_checkpoint(opt.result_path) if ctx.is_main else None, ctx)
+    if latest is not None:
+        log(ctx, f'auto-resume from {latest}')
+    return latest
+
+
+@dataclass(frozen=True)
+class DataSets:
+    train: object
+    val: object
+    infer: object
+    class_names: list
+
+
+def load_data(opt, record):
+    """Every data set the run needs, built first: bad annotations or missing
+    videos fail here, before any training time is spent."""
+    train = val = infer = None
+    class_names = []
+    if not opt.no_train:
+        train, class_names = data.get_training_data(opt, record)
+    if not opt.no_val:
+        val, class_names = data.get_validation_data(opt, record)
+    if opt.inference:
+        infer, class_names = data.get_inference_data(opt, record)
+    return DataSets(train, val, infer, class_names)
+
+
+# ----------------------------------------------------------------------------- restore
+
+def restore(opt, ctx, record):
+    """The model with its weights (pretrained, or resumed from record.resume_path)
+    and its frozen modules; the checkpoint (None for a fresh run). Completes the
+    run record."""
+    torch.manual_seed(opt.manual_seed)
+    model = build_model(opt)
+    checkpoint = None
+    if record.resume_path is not None:
+        checkpoint = load_checkpoint(record.resume_path)
+        if checkpoint.get('arch', opt.arch) != opt.arch:
+            raise OptionError(f'--resume_path {record.resume_path} holds a {checkpoint["arch"]} '
+                              f'model but the options build {opt.arch}')
+        load_state_dict_checked(model, checkpoint['state_dict'],
+                                f'--resume_path {record.resume_path}', opt)
+        record.begin_epoch = checkpoint['epoch'] + 1
+    record.frozen_modules = freeze_before(model, opt.ft_begin_module)
+    if record.frozen_modules:
+        log(ctx, f'frozen (fine-tuning from {opt.ft_begin_module}): '
+                 f'{", ".join(record.frozen_modules)}')
+    clip_shape = (1, opt.n_input_channels, opt.sample_duration, opt.sample_size, opt.sample_size)
+    record.n_parameters = count_parameters(model)
+    record.gflops_per_clip = round(count_gflops(model, clip_shape), 4)
+    log(ctx, f'model {opt.arch}: {record.n_parameters / 1e6:.2f} M parameters, '
+             f'{record.gflops_per_clip:.3f} GFLOPs per {opt.sample_duration}x{opt.sample_size}x'
+             f'{opt.sample_size} clip; device {ctx.device}, {ctx.world_size} process(es), '
+             f'batch {record.batch_per_process} per process, lr {record.learning_rate:g}')
+    return model, checkpoint
+
+
+def loop_config(opt, record):
+    return LoopConfig(amp=record.amp, channels_last=opt.channels_last,
+                      accumulation_steps=opt.accumulation_steps, log_interval=opt.log_interval,
+                      progress_bar=not opt.no_progress, frozen_modules=record.frozen_modules)
+
+
+# ----------------------------------------------------------------------------- fit
+
+@dataclass
+class Trainer:
+    """What the epoch loop steps, and what a checkpoint saves besides the weights."""
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    scaler: torch.amp.GradScaler
+
+
+def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
+    optimizer = make_optimizer(model, OptimizerConfig(
+        opt.optimizer, record.learning_rate, momentum=opt.momentum, dampening=opt.dampening,
+        weight_decay=opt.weight_decay, nesterov=opt.nesterov))
+    schedule = LRSchedule(optimizer, ScheduleConfig(
+        opt.lr_scheduler, milestones=tuple(opt.multistep_milestones),
+        plateau_patience=opt.plateau_patience, warmup_epochs=opt.warmup_epochs,
+        min_lr=opt.min_lr, n_epochs=opt.n_epochs),
+        steps_per_epoch(n_batches, opt.accumulation_steps))
+    fp16 = record.amp and amp_dtype(ctx.device) == torch.float16
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
+    if checkpoint is not None and 'optimizer' in checkpoint:
+        optimizer.load_state_dict(checkpoint['optimizer'])
+        schedule.load_state_dict(checkpoint['scheduler'], milestones=(
+            opt.multistep_milestones if opt.overwrite_milestones else None))
+        if 'scaler' in checkpoint:
+            scaler.load_state_dict(checkpoint['scaler'])
+        restore_rng_state(checkpoint.get('rng_state'))
+    return Trainer(optimizer, schedule, scaler)
+
+
+@contextlib.contextmanager
+def training_logs(opt, ctx, with_val):
+    """train.log, train_batch.log and val.log (rank 0; None elsewhere), closed
+    also when the run fails."""
+    with contextlib.ExitStack() as stack:
+        logs = dict(train=None, batch=None, val=None)
+        if ctx.is_main:
+            logs['train'] = stack.enter_context(TsvLogger(
+                opt.result_path / 'train.log',
+                ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait']))
+            logs['batch'] = stack.enter_context(TsvLogger(
+                opt.result_path / 'train_batch.log', ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr']))
+            if with_val:
+                logs['val'] = stack.enter_context(TsvLogger(
+                    opt.result_path / 'val.log', ['epoch', 'loss', 'acc', 'clip_acc']))
+        yield logs
+
+
+def fit(opt, ctx, record, config, model, checkpoint, train_set, val_loader, tb_writer):
+    """Epochs record.begin_epoch..n_epochs: train, validate, step the schedule,
+    checkpoint."""
+    train_loader = data.make_train_loader(train_set, opt, ctx)
+    criterion = torch.nn.CrossEntropyLoss().to(ctx.device)
+    trainer = make_trainer(opt, ctx, record, model, checkpoint, len(train_loader))
+    if record.begin_epoch > opt.n_epochs:
+        log(ctx, f'checkpoint epoch {record.begin_epoch - 1} >= --n_epochs {opt.n_epochs}: '
+                 f'nothing to train')
+    with training_logs(opt, ctx, val_loader is not None) as logs:
+        for epoch in range(record.begin_epoch, opt.n_epochs + 1):
+            data.seed_worker_rngs(epoch_seed(opt.manual_seed, ctx.rank, epoch))
+            train_loader.sampler.set_epoch(epoch)
+            t0 = time.time()
+            stats = train_epoch(epoch, train_loader, model, criterion, trainer.optimizer,
+                                trainer.schedule, trainer.scaler, ctx, config, logs['batch'],
+                                tb_writer)
+            line = (f'epoch {epoch}/{opt.n_epochs} train loss {stats["loss"]:.4f} '
+                    f'acc {stats["acc"]:.4f} lr {stats["lr"]:.4g} '
+                    f'{stats["clips_per_s"]:.1f} clips/s data wait {stats["data_wait"]:.0%}')
+            if ctx.is_main:
+                logs['train'].log(dict(epoch=epoch, **stats))
+            val_stats = None
+            if val_loader is not None:
+                val_stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer)
+                line += ' | ' + describe_validation(val_stats)
+                if ctx.is_main:
+                    logs['val'].log(dict(epoch=epoch, **val_stats))
+            log(ctx, line + f' ({time.time() - t0:.0f}s)')
+            # The schedule steps before the checkpoint is written, so a resumed
+            # run starts the next epoch with the right learning rate.
+            trainer.schedule.after_epoch(val_stats['loss'] if val_stats else stats['loss'])
+            if tb_writer is not None:
+                tb_writer.flush()
+            if ctx.is_main and (epoch % opt.checkpoint == 0 or epoch == opt.n_epochs):
+                save_checkpoint(opt.result_path / f'save_{epoch}.pth', epoch, opt, model, trainer)
+            du.barrier(ctx)
+
+
+def epoch_seed(manual_seed, rank, epoch):
     """Each (rank, epoch) gets its own stream, so ranks augment differently and a
     resumed run draws exactly what the uninterrupted run drew."""
-    return (opt.manual_seed * 1_000_003 + ctx.rank * 10_007 + epoch) % (2**63)
+    return (manual_seed * 1_000_003 + rank * 10_007 + epoch) % (2**63)
 
 
-def apply_lr_scaling(opt, ctx):
-    opt.world_size_effective = ctx.world_size
-    opt.batch_size_per_process = data.per_process_batch(opt.batch_size, ctx)
-    if opt.lr_scaling == 'linear':
-        opt.base_learning_rate = opt.learning_rate
-        opt.learning_rate = opt.learning_rate * opt.batch_size * opt.accumulation_steps / \
-            opt.base_batch_size
-        log(ctx, f'linear lr scaling: lr {opt.base_learning_rate:g} x '
-                 f'{opt.batch_size * opt.accumulation_steps}/{opt.base_batch_size} '
-                 f'= {opt.learning_rate:g}')
+def describe_validation(stats):
+    return (f'val loss {stats["loss"]:.4f} video acc {stats["acc"]:.4f} '
+            f'clip acc {stats["clip_acc"]:.4f}')
 
 
-def save_checkpoint(path, epoch, opt, model, optimizer, scheduler, scaler):
-    net = du.unwrap(model)
+def save_checkpoint(path, epoch, opt, model, trainer):
     save_checkpoint_atomic({
         'epoch': epoch,
         'arch': opt.arch,
-        'state_dict': net.state_dict(),
-        'optimizer': optimizer.state_dict(),
-        'scheduler': scheduler.state_dict(),
-        'scaler': scaler.state_dict(),
+        'state_dict': du.unwrap(model).state_dict(),
+        'optimizer': trainer.optimizer.state_dict(),
+        'scheduler': trainer.schedule.state_dict(),
+        'scaler': trainer.scaler.state_dict(),
         'rng_state': capture_rng_state(),
         'opts': {k: v for k, v in opts_to_dict(opt).items() if v is None or
                  isinstance(v, (str, int, float, bool, list))},
     }, path)
 
 
-def run(opt, ctx):
-    opt.result_path.mkdir(parents=True, exist_ok=True)
-    if ctx.device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True  # fixed clip shapes: pick the fastest kernels
-    if opt.dataset == 'synthetic':
-        data.prepare_synthetic_paths(opt, ctx)
-    if opt.auto_resume and opt.resume_path is None:
-        # Rank 0 chooses, so every rank resumes from the same file.
-        latest = du.broadcast_object(
-            find_latest_checkpoint(opt.result_path) if ctx.is_main else None, ctx)
-        if latest is not None:
-            opt.resume_path = latest
-            log(ctx, f'auto-resume from {latest}')
-    apply_lr_scaling(opt, ctx)
-    opt.device_type = ctx.device.type
-    if opt.amp and ctx.device.type != 'cuda':
-        # bf16 convolutions are no faster than fp32 on most CPUs, and oneDNN's
-        # bf16 conv3d backward gave sporadic infinite weight gradients here.
-        log(ctx, '--amp is ignored on CPU: training in float32')
-        opt.amp = False
+# ----------------------------------------------------------------------------- evaluate, infer
 
-    # Build every data set first: bad annotations or missing videos fail here,
-    # before any training time is spent.
-    train_set = val_set = infer_set = None
-    if not opt.no_train:
-        train_set, class_names = data.get_training_data(opt)
-    if not opt.no_val:
-        val_set, class_names = data.get_validation_data(opt)
-    if opt.inference:
-        infer_set, class_names = data.get_inference_data(opt)
-
-    torch.manual_seed(opt.manual_seed)
-    model = build_model(opt)
-    checkpoint = None
-    if opt.resume_path is not None:
-        checkpoint = load_checkpoint(opt.resume_path)
-        if checkpoint.get('arch', opt.arch) != opt.arch:
-            raise OptionError(f'--resume_path {opt.resume_path} holds a {checkpoint["arch"]} '
-                             f'model but the options build {opt.arch}')
-        load_state_dict_checked(model, checkpoint['state_dict'],
-                                f'--resume_path {opt.resume_path}', opt)
-        opt.begin_epoch = checkpoint['epoch'] + 1
-    frozen = freeze_before(model, opt.ft_begin_module)
-    if frozen:
-        log(ctx, f'frozen (fine-tuning from {opt.ft_begin_module}): {", ".join(frozen)}')
-    clip_shape = (1, opt.n_input_channels, opt.sample_duration, opt.sample_size, opt.sample_size)
-    opt.n_parameters = count_parameters(model)
-    opt.gflops_per_clip = round(count_gflops(model, clip_shape), 4)
-    log(ctx, f'model {opt.arch}: {opt.n_parameters / 1e6:.2f} M parameters, '
-             f'{opt.gflops_per_clip:.3f} GFLOPs per {opt.sample_duration}x{opt.sample_size}x'
-             f'{opt.sample_size} clip; device {ctx.device}, {ctx.world_size} process(es), '
-             f'batch {opt.batch_size_per_process} per process, lr {opt.learning_rate:g}')
-    if ctx.is_main:
-        save_opts(opt, opt.result_path / 'opts.json')
-    model = make_parallel(model, ctx, opt.batchnorm_sync, opt.channels_last)
-
-    tb_writer = None
-    if opt.tensorboard and ctx.is_main:
-        from torch.utils.tensorboard import SummaryWriter
-        tb_writer = SummaryWriter(log_dir=str(opt.result_path))
-
-    val_loader = data.make_val_loader(val_set, opt, ctx) if val_set is not None else None
-    if train_set is not None:
-        train_loader = data.make_train_loader(train_set, opt, ctx)
-        criterion = torch.nn.CrossEntropyLoss().to(ctx.device)
-        optimizer = make_optimizer(model, opt)
-        scheduler = make_scheduler(optimizer, opt,
-                                   steps_per_epoch(len(train_loader), opt.accumulation_steps))
-        fp16 = opt.amp and amp_dtype(ctx.device) == torch.float16
-        scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
-        if checkpoint is not None and 'optimizer' in checkpoint:
-            optimizer.load_state_dict(checkpoint['optimizer'])
-            scheduler.load_state_dict(checkpoint['scheduler'])
-            if 'scaler' in checkpoint:
-                scaler.load_state_dict(checkpoint['scaler'])
-            restore_rng_state(checkpoint.get('rng_state'))
-            if opt.overwrite_milestones and opt.lr_scheduler == 'multistep':
-                scheduler.milestones = Counter(opt.multistep_milestones)
-        train_logger = batch_logger = val_logger = None
-        if ctx.is_main:
-            train_logger = TsvLogger(opt.result_path / 'train.log',
-                                     ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait'])
-            batch_logger = TsvLogger(opt.result_path / 'train_batch.log',
-                                     ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr'])
-            if val_loader is not None:
-                val_logger = TsvLogger(opt.result_path / 'val.log',
-                                       ['epoch', 'loss', 'acc', 'clip_acc'])
-        if opt.begin_epoch > opt.n_epochs:
-            log(ctx, f'checkpoint epoch {opt.begin_epoch - 1} >= --n_epochs {opt.n_epochs}: '
-                     f'nothing to train')
-        for epoch in range(opt.begin_epoch, opt.n_epochs + 1):
-            data.seed_worker_rngs(epoch_seed(opt, ctx, epoch))
-            train_loader.sampler.set_epoch(epoch)
-            t0 = time.time()
-            stats = train_epoch(epoch, train_loader, model, criterion, optimizer, scheduler,
-                                scaler, ctx, opt, batch_logger, tb_writer)
-            line = (f'epoch {epoch}/{opt.n_epochs} train loss {stats["loss"]:.4f} '
-                    f'acc {stats["acc"]:.4f} lr {stats["lr"]:.4g} '
-                    f'{stats["clips_per_s"]:.1f} clips/s data wait {stats["data_wait"]:.0%}')
-            if ctx.is_main:
-                train_logger.log(dict(epoch=epoch, **stats))
-            val_stats = None
-            if val_loader is not None:
-                val_stats = val_epoch(epoch, val_loader, model, ctx, opt, tb_writer)
-                line += (f' | val loss {val_stats["loss"]:.4f} video acc {val_stats["acc"]:.4f}'
-                         f' clip acc {val_stats["clip_acc"]:.4f}')
-                if ctx.is_main:
-                    val_logger.log(dict(epoch=epoch, **val_stats))
-            log(ctx, line + f' ({time.time() - t0:.0f}s)')
-            # The scheduler steps before the checkpoint is written, so a resumed
-            # run starts the next epoch with the right learning rate.
-            if opt.lr_scheduler == 'plateau':
-                scheduler.step(val_stats['loss'] if val_stats else stats['loss'])
-            elif opt.lr_scheduler == 'multistep':
-                scheduler.step()
-            if tb_writer is not None:
-                tb_writer.flush()
-            if ctx.is_main and (epoch % opt.checkpoint == 0 or epoch == opt.n_epochs):
-                save_checkpoint(opt.result_path / f'save_{epoch}.pth', epoch, opt, model,
-                                optimizer, scheduler, scaler)
-            du.barrier(ctx)
-        if ctx.is_main:
-            for lg in (train_logger, batch_logger, val_logger):
-                if lg is not None:
-                    lg.close()
-    elif val_loader is not None:
-        epoch = opt.begin_epoch - 1
-        val_stats = val_epoch(epoch, val_loader, model, ctx, opt, tb_writer)
-        log(ctx, f'validation: loss {val_stats["loss"]:.4f} video acc {val_stats["acc"]:.4f} '
-                 f'clip acc {val_stats["clip_acc"]:.4f} ({val_stats["n_videos"]} videos)')
-
-    if infer_set is not None:
-        infer_loader = data.make_inference_loader(infer_set, opt, ctx)
-        result_file = opt.result_path / f'{opt.inference_subset}.json'
-        run_inference(infer_loader, model, class_names, ctx, opt, result_file)
-        if ctx.is_main:
-            log(ctx, f'inference results: {result_file}')
-            report_inference_accuracy(opt, result_file, ctx)
-    if tb_writer is not None:
-        tb_writer.close()
-    log(ctx, f'logs, checkpoints and opts.json are in {opt.result_path}')
+def evaluate(ctx, record, config, model, val_loader, tb_writer):
+    """Validation only (--no_train): the weights of the resumed epoch."""
+    stats = val_epoch(record.begin_epoch - 1, val_loader, model, ctx, config, tb_writer)
+    log(ctx, f'validation: {describe_validation(stats)} ({stats["n_videos"]} videos)')
 
 
-def report_inference_accuracy(opt, result_file, ctx):
+def infer(opt, ctx, record, config, model, datasets):
+    """Sliding-window inference written to <result_path>/<subset>.json, and its
+    video accuracy on a labelled subset."""
+    loader = data.make_inference_loader(datasets.infer, opt, ctx)
+    result_file = opt.result_path / f'{opt.inference_subset}.json'
+    run_inference(loader, model, datasets.class_names, ctx, config, result_file,
+                  topk=opt.output_topk, average=not opt.inference_no_average)
+    if not ctx.is_main:
+        return
+    log(ctx, f'inference results: {result_file}')
     if opt.inference_subset == 'test':
         return
-    from util_scripts.eval_accuracy import compute_accuracy
-    subset = data.SUBSETS[opt.inference_subset]
+    subset = SUBSET_NAMES[opt.inference_subset]
     for k in (1, 5):
         if k > opt.n_classes or (opt.output_topk > 0 and k > opt.output_topk):
             continue
-        acc, correct, total = compute_accuracy(opt.annotation_path, result_file, k=k,
+        acc, correct, total = compute_accuracy(record.annotation_path, result_file, k=k,
                                                subset=subset)
         log(ctx, f'inference top-{k} video accuracy on {subset}: {acc:.4f} ({correct}/{total})')
 
+
+def tensorboard_writer(opt, ctx):
+    """A SummaryWriter on rank 0 with --tensorboard (closed when the run ends or
+    fails), else None."""
+    if not (opt.tensorboard and ctx.is_main):
+        return contextlib.nullcontext(None)
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(log_dir=str(opt.result_path))
+
+
+# ----------------------------------------------------------------------------- processes
 
 def worker(local_rank, opt, ranks_per_node):
     """One process: sets up its device and process group, then runs."""
@@ -242,23 +347,9 @@ def main(argv=None):
             mp.spawn(worker, args=(opt, n), nprocs=n)
         else:
             worker(None, opt, 1)
-    except (DataError, OptionError, CheckpointError, FileNotFoundError) as e:
-        # Bad input: one clear message, no traceback from deep inside.
-        print(f'error: {clean_message(e)}', file=sys.stderr, flush=True)
+    except USER_ERRORS as e:
+        print(f'error: {e}', file=sys.stderr, flush=True)
         sys.exit(2)
-
-
-def clean_message(error):
-    """A DataLoader re-raises a worker's error with the worker's traceback in
-    the message; the user needs only its last line."""
-    text = str(error)
-    if 'Original Traceback' not in text:
-        return text
-    lines = text.strip().splitlines()
-    starts = [i for i, line in enumerate(lines) if re.match(r'^[\w.]+(Error|Exception): ', line)]
-    if not starts:
-        return lines[-1]
-    return '\n'.join(lines[starts[-1]:]).split(': ', 1)[1]
 
 
 if __name__ == '__main__':

@@ -1,59 +1,66 @@
 """Builds networks from options, loads pretrained weights, sets up fine-tuning
 and wraps the model for distributed training."""
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn as nn
 
 from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
-from models.resnet import BOTTLENECK_DEPTHS, STAGE_BLOCKS
+from models.resnet import DepthError
 from opts import OptionError
 from utils.checkpoint import load_checkpoint, strip_module_prefix
 from utils.distributed import convert_sync_batchnorm, unwrap
 
-MODEL_CHOICES = ('resnet', 'resnet2p1d', 'preresnet', 'wideresnet', 'resnext', 'densenet') + \
-    tuple(torchvision_video.TORCHVISION_MODELS)
 
-RESNET_DEPTHS = tuple(STAGE_BLOCKS)
-DEPTHS = {
-    'resnet': RESNET_DEPTHS,
-    'resnet2p1d': RESNET_DEPTHS,
-    'preresnet': RESNET_DEPTHS,
-    'wideresnet': BOTTLENECK_DEPTHS,
-    'resnext': BOTTLENECK_DEPTHS,
-    'densenet': tuple(densenet.DEPTH_CONFIGS),
+@dataclass(frozen=True)
+class Family:
+    """A network family: its builder and the options that map to the builder's own
+    keyword arguments (every family also takes the stem arguments of `_stem`)."""
+    build: Callable[..., nn.Module]
+    own_arguments: Callable[[object], dict]
+
+
+def _shortcut(opt):
+    return dict(shortcut_type=opt.resnet_shortcut)
+
+
+FAMILIES = {
+    'resnet': Family(resnet.generate_model, lambda opt: dict(
+        _shortcut(opt), widen_factor=opt.resnet_widen_factor)),
+    'resnet2p1d': Family(resnet2p1d.generate_model, lambda opt: dict(
+        _shortcut(opt), widen_factor=opt.resnet_widen_factor)),
+    'preresnet': Family(pre_act_resnet.generate_model, _shortcut),
+    'wideresnet': Family(wide_resnet.generate_model, lambda opt: dict(
+        _shortcut(opt), k=opt.wide_resnet_k)),
+    'resnext': Family(resnext.generate_model, lambda opt: dict(
+        _shortcut(opt), cardinality=opt.resnext_cardinality)),
+    'densenet': Family(densenet.generate_model, lambda opt: {}),
 }
+MODEL_CHOICES = tuple(FAMILIES) + tuple(torchvision_video.TORCHVISION_MODELS)
+
+
+def _stem(opt):
+    return dict(n_input_channels=opt.n_input_channels, conv1_t_size=opt.conv1_t_size,
+                conv1_t_stride=opt.conv1_t_stride, no_max_pool=opt.no_max_pool)
 
 
 def generate_model(opt, n_classes=None):
     """The network named by --model/--model_depth with n_classes outputs."""
     n_classes = opt.n_classes if n_classes is None else n_classes
     name = opt.model
-    if name not in MODEL_CHOICES:
-        raise OptionError(f'--model {name} is unknown; choose one of {", ".join(MODEL_CHOICES)}')
     if name in torchvision_video.TORCHVISION_MODELS:
         return torchvision_video.generate_model(name, n_classes=n_classes,
                                                 n_input_channels=opt.n_input_channels)
-    if opt.model_depth not in DEPTHS[name]:
-        raise OptionError(f'--model_depth {opt.model_depth} is not available for --model {name}; '
-                         f'choose one of {DEPTHS[name]}')
-    common = dict(n_classes=n_classes, n_input_channels=opt.n_input_channels,
-                  conv1_t_size=opt.conv1_t_size, conv1_t_stride=opt.conv1_t_stride,
-                  no_max_pool=opt.no_max_pool)
-    shortcut = dict(shortcut_type=opt.resnet_shortcut)
-    if name == 'resnet':
-        return resnet.generate_model(opt.model_depth, widen_factor=opt.resnet_widen_factor,
-                                     **shortcut, **common)
-    if name == 'resnet2p1d':
-        return resnet2p1d.generate_model(opt.model_depth, widen_factor=opt.resnet_widen_factor,
-                                         **shortcut, **common)
-    if name == 'preresnet':
-        return pre_act_resnet.generate_model(opt.model_depth, **shortcut, **common)
-    if name == 'wideresnet':
-        return wide_resnet.generate_model(opt.model_depth, k=opt.wide_resnet_k,
-                                          **shortcut, **common)
-    if name == 'resnext':
-        return resnext.generate_model(opt.model_depth, cardinality=opt.resnext_cardinality,
-                                      **shortcut, **common)
-    return densenet.generate_model(opt.model_depth, **common)
+    if name not in FAMILIES:
+        raise OptionError(f'--model {name} is unknown; choose one of {", ".join(MODEL_CHOICES)}')
+    family = FAMILIES[name]
+    try:
+        return family.build(opt.model_depth, n_classes=n_classes, **_stem(opt),
+                            **family.own_arguments(opt))
+    except DepthError as e:
+        raise OptionError(f'--model_depth {opt.model_depth} is not available for --model '
+                          f'{name}; choose one of {e.depths}') from None
 
 
 def classifier_name(model_name):
@@ -149,10 +156,10 @@ def build_model(opt):
 
 def freeze_before(model, ft_begin_module):
     """Freezes every top-level module listed before ft_begin_module: no gradients
-    and no BatchNorm statistic updates (keep_frozen_eval puts them in eval mode
-    after each model.train()). Returns the frozen module names."""
+    and no BatchNorm statistic updates (the training loop passes the returned
+    names to keep_frozen_eval after each model.train())."""
     if not ft_begin_module:
-        return []
+        return ()
     names = [name for name, _ in _top_level_modules(model)]
     if ft_begin_module not in names:
         raise OptionError(f'--ft_begin_module {ft_begin_module} is not a module of this model; '
@@ -162,17 +169,14 @@ def freeze_before(model, ft_begin_module):
         if name in frozen:
             module.requires_grad_(False)
             module.eval()
-    model._frozen_modules = frozen
-    return frozen
+    return tuple(frozen)
 
 
-def keep_frozen_eval(model):
+def keep_frozen_eval(model, frozen_modules):
     """Call after model.train(): frozen modules keep their BN statistics."""
-    net = unwrap(model)
-    frozen = set(getattr(net, '_frozen_modules', ()))
-    if frozen:
-        for name, module in _top_level_modules(net):
-            if name in frozen:
+    if frozen_modules:
+        for name, module in _top_level_modules(unwrap(model)):
+            if name in frozen_modules:
                 module.eval()
 
 

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+
 class OptionError(ValueError):
     """An option value that cannot work; the message names the option and the fix."""
 
@@ -135,7 +136,7 @@ def build_parser():
     _add(g, '--accumulation_steps', default=1, type=int,
          help='Micro-batches whose gradients are accumulated before each optimizer step')
     _add(g, '--normalize_on_device', default='auto', choices=['auto', 'on', 'off'],
-         help='Copy clips to the device as uint8 and convert/normalise there (4x fewer '
+         help='Copy clips to the device as uint8 and convert/normalize there (4x fewer '
               'bytes to move); auto: on with GPUs')
     _add(g, '--channels_last', action='store_true',
          help='Model and clips in channels_last_3d memory format (faster 3D '
@@ -247,7 +248,6 @@ def parse_opts(argv=None):
     if opt.inference_batch_size == 0:
         opt.inference_batch_size = opt.batch_size
     opt.arch = f'{opt.model}-{opt.model_depth}'
-    opt.begin_epoch = 1
     opt.n_input_channels = 2 if opt.input_type == 'flow' else 3
     return opt
 
@@ -257,6 +257,10 @@ def opts_to_dict(opt):
     return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(opt).items()}
 
 
-def save_opts(opt, path):
+def save_opts(opt, path, run=None):
+    """The options as parsed and, under "run", what the run derived from them."""
+    content = opts_to_dict(opt)
+    if run is not None:
+        content['run'] = run
     with open(path, 'w') as f:
-        json.dump(opts_to_dict(opt), f, indent=2, sort_keys=False)
+        json.dump(content, f, indent=2, sort_keys=False)

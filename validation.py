@@ -8,7 +8,7 @@ from utils.distributed import all_reduce_sum, eval_module
 
 
 @torch.no_grad()
-def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
+def val_epoch(epoch, loader, model, ctx, config, tb_writer=None):
     """Each item is one video with n_val_samples clips (B, N, C, T, H, W).
 
     loss: mean cross-entropy over all clips; clip_acc: over all clips;
@@ -20,14 +20,14 @@ def val_epoch(epoch, loader, model, ctx, opt, tb_writer=None):
     device = ctx.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, clip hits, video hits
     n_clips = n_videos = 0  # known on the host: no per-step copies to the device
-    bar = tqdm(loader, desc=f'val {epoch}', disable=not ctx.is_main or opt.no_progress,
+    bar = tqdm(loader, desc=f'val {epoch}', disable=not (ctx.is_main and config.progress_bar),
                dynamic_ncols=True, leave=False)
     for clips, targets in bar:
         b, n = clips.shape[:2]
-        clips = clips_to_device(clips.flatten(0, 1), device, opt.channels_last,
-                                getattr(loader.dataset, 'device_normaliser', None))
+        clips = clips_to_device(clips.flatten(0, 1), device, config.channels_last,
+                                getattr(loader.dataset, 'device_normalizer', None))
         targets = targets.to(device, non_blocking=True)
-        with autocast_context(device, opt.amp):
+        with autocast_context(device, config.amp):
             logits = model(clips)
         logits = logits.float()
         clip_targets = targets.repeat_interleave(n)

@@ -5,7 +5,7 @@ frame-at-a-time path, on the same JPEG folders.
 
 ours:        read the needed files once, decode the clip in one
              torchvision.io.decode_jpeg call, crop/flip/resize the uint8 clip
-             at once (datasets/), normalise last.
+             at once (datasets/), normalize last.
 predecessor: per frame: exists() check, PIL open + convert, RandomResizedCrop
              with the clip's box, flip, ToTensor, Normalize, then stack
              (3D-ResNets-PyTorch's loader and spatial transforms, re-created

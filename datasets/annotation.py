@@ -30,10 +30,13 @@ from pathlib import Path
 from typing import Sequence
 
 __all__ = ['DataError', 'VideoRecord', 'load_annotations', 'load_class_names',
-           'check_videos', 'frame_file_name', 'STANDARD_DATASETS', 'SUBSETS']
+           'check_videos', 'frame_file_name', 'hdf5_frame_count', 'STANDARD_DATASETS',
+           'SUBSETS', 'SUBSET_NAMES']
 
 STANDARD_DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'synthetic')
 SUBSETS = ('training', 'validation', 'testing')
+# The short names of --inference_subset and the tools' --subset.
+SUBSET_NAMES = {'train': 'training', 'val': 'validation', 'test': 'testing'}
 # ActivityNet: segments with fewer frames than this are dropped (as the predecessor did).
 ACTIVITYNET_MIN_FRAMES = 8
 
@@ -72,6 +75,17 @@ class VideoRecord:
 def frame_file_name(position: int) -> str:
     """File name of 0-based frame ``position`` in a jpg folder."""
     return f'image_{position + 1:05d}.jpg'
+
+
+HDF5_FRAME_KEYS = ('video', 'video_u')  # rgb; flow has video_u and video_v of equal length
+
+
+def hdf5_frame_count(h5file) -> int | None:
+    """Frames in an open hdf5 video file, None when it has no frame dataset."""
+    for key in HDF5_FRAME_KEYS:
+        if key in h5file:
+            return len(h5file[key])
+    return None
 
 
 def _read_json(annotation_path) -> dict:
@@ -234,9 +248,8 @@ def _count_frames(vpath: str, file_type: str):
                            e.name.endswith('.jpg'))
         import h5py
         with h5py.File(vpath, 'r') as f:
-            key = 'video' if 'video' in f else 'video_u'
-            return len(f[key])
-    except (FileNotFoundError, NotADirectoryError, OSError, KeyError):
+            return hdf5_frame_count(f)
+    except OSError:  # missing, a folder, not hdf5
         return None
 
 
@@ -304,14 +317,13 @@ def _check_one(item) -> str | None:
     try:
         import h5py
         with h5py.File(path, 'r') as f:
-            key = 'video' if 'video' in f else ('video_u' if 'video_u' in f else None)
-            if key is None:
-                return f'{path}: no "video" (or "video_u") dataset'
-            n = len(f[key])
-    except FileNotFoundError:
-        return f'{path}: file missing'
+            n = hdf5_frame_count(f)
     except OSError as e:
+        if not os.path.exists(path):
+            return f'{path}: file missing'
         return f'{path}: cannot be opened as hdf5 ({e})'
+    if n is None:
+        return f'{path}: no "video" (or "video_u") dataset'
     if n < needed:
         return f'{path}: needs {needed} frames but has {n}'
     return None

@@ -14,31 +14,10 @@ from typing import Sequence
 
 import torch
 
+# Batched libjpeg-turbo decoding (deprecated in torchvision 0.29 in favour of TorchCodec).
+from torchvision.io import ImageReadMode, decode_jpeg
+
 from datasets.annotation import DataError, frame_file_name
-
-try:  # batched libjpeg-turbo decoding (deprecated in torchvision 0.29 in favour of TorchCodec)
-    from torchvision.io import ImageReadMode, decode_jpeg
-except ImportError:  # pragma: no cover - a torchvision without image ops: decode with PIL
-    import enum
-    import io
-
-    import numpy as np
-
-    class ImageReadMode(enum.Enum):
-        GRAY = 'L'
-        RGB = 'RGB'
-
-    def decode_jpeg(data, mode=ImageReadMode.RGB):
-        from PIL import Image
-
-        def one(d):
-            with Image.open(io.BytesIO(d.numpy().tobytes())) as img:
-                a = np.asarray(img.convert(mode.value))
-            return torch.from_numpy(a.reshape(a.shape[0], a.shape[1], -1).copy()).permute(2, 0, 1)
-        try:
-            return [one(d) for d in data] if isinstance(data, list) else one(data)
-        except (OSError, SyntaxError, ValueError) as e:
-            raise RuntimeError(str(e)) from None
 
 __all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'make_loader']
 

@@ -6,7 +6,7 @@ one random crop box / flip / colour-jitter draw for all frames, resizing with
 antialiased bilinear interpolation on uint8 (torchvision's fast uint8 path).
 Random parameters come from torch's global generator (seeded per DataLoader
 worker by PyTorch).  The last step converts to float32, scales to
-``[0, value_scale]``, normalises and permutes to (C, T, H, W), the network's
+``[0, value_scale]``, normalizes and permutes to (C, T, H, W), the network's
 input layout.
 
 Mean/std convention: :func:`get_mean_std` and the ``mean``/``std`` arguments
@@ -135,7 +135,7 @@ class MultiScaleCornerCrop(v2.Transform):
 
 class ClipTransform:
     """``augment`` (uint8 -> uint8, whole clip, v2 transforms) then ``finish``
-    (-> normalised float (C, T, H, W)).  ``deterministic`` is True for eval
+    (-> normalized float (C, T, H, W)).  ``deterministic`` is True for eval
     transforms: the data set may then augment the union of several clips'
     frames once."""
 
@@ -155,21 +155,21 @@ class ClipTransform:
     def __call__(self, clip: torch.Tensor) -> torch.Tensor:
         return self.finish(self.augment(clip))
 
-    def defer_normalisation(self) -> NormalizeToInput:
-        """From now on, clips stay uint8 (T, C, H, W); returns the normaliser for
+    def defer_normalization(self) -> NormalizeToInput:
+        """From now on, clips stay uint8 (T, C, H, W); returns the normalizer for
         the consumer to apply on the device after the copy (4x fewer bytes
         through shared memory, pinned memory and PCIe)."""
-        normaliser = self.finish
-        if isinstance(normaliser, NormalizeToInput):
+        normalizer = self.finish
+        if isinstance(normalizer, NormalizeToInput):
             self.finish = KeepUint8()
-        return normaliser
+        return normalizer
 
     def __repr__(self):
         return f'ClipTransform(augment={self.augment_transform}, finish={self.finish})'
 
 
 class KeepUint8:
-    """The finish step of a ClipTransform whose normalisation runs on the device."""
+    """The finish step of a ClipTransform whose normalization runs on the device."""
 
     def __call__(self, clip: torch.Tensor) -> torch.Tensor:
         return clip.as_subclass(torch.Tensor).contiguous()

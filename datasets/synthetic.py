@@ -31,11 +31,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torchvision.io import encode_jpeg
 
-try:
-    from torchvision.io import encode_jpeg
-except ImportError:  # pragma: no cover - a torchvision without image ops: encode with PIL
-    encode_jpeg = None
+from datasets.annotation import frame_file_name
 
 __all__ = ['CLASSES', 'prepare_synthetic', 'render_video', 'video_seed',
            'ANNOTATION_NAME', 'STAMP_NAME']
@@ -126,15 +124,10 @@ def render_video(rng: np.random.Generator, class_index: int, n_frames: int = 16,
 
 def _write_video(folder: Path, frames: np.ndarray) -> None:
     folder.mkdir(parents=True)
-    if encode_jpeg is None:  # pragma: no cover
-        from PIL import Image
-        for i, frame in enumerate(frames):
-            Image.fromarray(frame).save(folder / f'image_{i + 1:05d}.jpg', quality=JPEG_QUALITY)
-        return
     chw = torch.from_numpy(frames).permute(0, 3, 1, 2)
     encoded = encode_jpeg(list(chw), quality=JPEG_QUALITY)
     for i, data in enumerate(encoded):
-        (folder / f'image_{i + 1:05d}.jpg').write_bytes(data.numpy().tobytes())
+        (folder / frame_file_name(i)).write_bytes(data.numpy().tobytes())
 
 
 def _generate(out: Path, params: dict) -> None:

@@ -6,17 +6,42 @@ per item) and only then indexes the clips out of it and converts to float.
 """
 from __future__ import annotations
 
+import functools
 from itertools import chain
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from datasets.annotation import DataError, VideoRecord
 from datasets.spatial_transforms import ClipTransform
 
-__all__ = ['VideoClipDataset', 'VideoWindowDataset']
+__all__ = ['VideoClipDataset', 'VideoWindowDataset', 'BadVideo', 'collate']
+
+
+class BadVideo(NamedTuple):
+    """A DataError met in a loader worker, handed back as a value (see dataset.py's
+    VideoDataLoader, which raises it in the main process)."""
+    message: str
+
+
+def _errors_as_values(get_item):
+    @functools.wraps(get_item)
+    def wrapper(self, i):
+        try:
+            return get_item(self, i)
+        except DataError as e:
+            if get_worker_info() is None:  # main process: raise as usual
+                raise
+            return BadVideo(str(e))
+    return wrapper
+
+
+def collate(items):
+    """default_collate, or the first BadVideo among the items."""
+    bad = next((item for item in items if isinstance(item, BadVideo)), None)
+    return bad if bad is not None else default_collate(items)
 
 
 def _load(loader, record: VideoRecord, positions: list[int]) -> torch.Tensor:
@@ -80,6 +105,7 @@ class VideoClipDataset(Dataset):
         return np.fromiter((r.label for r in self.records), dtype=np.int64,
                            count=len(self.records))
 
+    @_errors_as_values
     def __getitem__(self, i: int):
         record = self.records[i]
         frames = record.positions
@@ -142,6 +168,7 @@ class VideoWindowDataset(Dataset):
         bounds = np.maximum.accumulate(bounds)
         return range(int(bounds[rank]), int(bounds[rank + 1]))
 
+    @_errors_as_values
     def __getitem__(self, i: int):
         v = int(self.video_of_item[i])
         k = int(self.window_of_item[i])

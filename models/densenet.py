@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .resnet import check_depth
+
 __all__ = ['DenseNet', 'generate_model']
 
 
@@ -135,8 +137,7 @@ def generate_model(
         conv1_t_stride: int = 1,
         no_max_pool: bool = False,
 ) -> DenseNet:
-    if model_depth not in DEPTH_CONFIGS:
-        raise ValueError(f'densenet depth must be one of {sorted(DEPTH_CONFIGS)}, got {model_depth}')
+    check_depth('densenet', model_depth, DEPTH_CONFIGS)
     growth_rate, block_config, num_init_features = DEPTH_CONFIGS[model_depth]
     return DenseNet(
         growth_rate=growth_rate, block_config=block_config, num_init_features=num_init_features,

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ['ResNet', 'BasicBlock', 'Bottleneck', 'ZeroPadShortcut', 'generate_model', 'get_inplanes',
-           'STAGE_BLOCKS', 'BOTTLENECK_DEPTHS', 'stage_layout']
+           'STAGE_BLOCKS', 'BOTTLENECK_DEPTHS', 'stage_layout', 'check_depth', 'DepthError']
 
 
 def get_inplanes() -> list:
@@ -223,11 +223,24 @@ STAGE_BLOCKS = {
 BOTTLENECK_DEPTHS = (50, 101, 152, 200)  # wideresnet and resnext exist only at these
 
 
+class DepthError(ValueError):
+    """A family asked for a depth it does not have; `depths` lists those it has."""
+
+    def __init__(self, family: str, model_depth: int, depths):
+        self.depths = tuple(sorted(depths))
+        super().__init__(f'{family} depth must be one of {self.depths}, got {model_depth}')
+
+
+def check_depth(family: str, model_depth: int, depths) -> None:
+    """The one depth check of every family (model.py turns it into an option error)."""
+    if model_depth not in depths:
+        raise DepthError(family, model_depth, depths)
+
+
 def stage_layout(family: str, model_depth: int, basic, bottleneck, depths=tuple(STAGE_BLOCKS)):
     """(block, blocks per stage) of `model_depth`: the basic block below 50 layers,
     the bottleneck from 50 on."""
-    if model_depth not in depths:
-        raise ValueError(f'{family} depth must be one of {sorted(depths)}, got {model_depth}')
+    check_depth(family, model_depth, depths)
     return (basic if model_depth < 50 else bottleneck), STAGE_BLOCKS[model_depth]
 
 

@@ -1,6 +1,5 @@
 """dataset.py and main.py glue: the same temporal stride in training, validation
 and inference; per-rank random streams; small subsets; linear lr scaling; AMP."""
-import argparse
 import json
 
 import pytest
@@ -18,12 +17,18 @@ def parsed(tiny, tmp_path, *extra):
     return parse_opts(tiny_args(*tiny, tmp_path / 'r', *extra))
 
 
+def prepared(tiny, tmp_path, *extra):
+    """(options, run record) of a one-process CPU run."""
+    opt = parsed(tiny, tmp_path, *extra)
+    return opt, main.prepare(opt, DistContext())
+
+
 def test_sample_t_stride_applies_to_train_val_and_inference(tiny_synthetic, tmp_path):
-    opt = parsed(tiny_synthetic, tmp_path, '--sample_t_stride', '2', '--sample_duration', '4',
-                 '--train_t_crop', 'center')
-    train_set, _ = data.get_training_data(opt)
-    val_set, _ = data.get_validation_data(opt)
-    infer_set, _ = data.get_inference_data(opt)
+    opt, record = prepared(tiny_synthetic, tmp_path, '--sample_t_stride', '2',
+                           '--sample_duration', '4', '--train_t_crop', 'center')
+    train_set, _ = data.get_training_data(opt, record)
+    val_set, _ = data.get_validation_data(opt, record)
+    infer_set, _ = data.get_inference_data(opt, record)
     assert list(train_set.temporal_transform(0, 12)) == [2, 4, 6, 8]  # centre 7 frames, every 2nd
     for clip in val_set.temporal_transform(0, 12):
         assert [b - a for a, b in zip(clip, clip[1:])] == [2, 2, 2]
@@ -34,12 +39,11 @@ def test_sample_t_stride_applies_to_train_val_and_inference(tiny_synthetic, tmp_
 
 
 def test_ranks_augment_differently_and_repeatably(tiny_synthetic, tmp_path):
-    opt = parsed(tiny_synthetic, tmp_path, '--train_crop', 'random', '--colorjitter')
-    train_set, _ = data.get_training_data(opt)
+    opt, record = prepared(tiny_synthetic, tmp_path, '--train_crop', 'random', '--colorjitter')
+    train_set, _ = data.get_training_data(opt, record)
 
     def first_clip(rank, epoch):
-        ctx = DistContext(rank=rank, world_size=2)
-        data.seed_worker_rngs(main.epoch_seed(opt, ctx, epoch))
+        data.seed_worker_rngs(main.epoch_seed(opt.manual_seed, rank, epoch))
         return train_set[0][0]
 
     assert not torch.equal(first_clip(0, 1), first_clip(1, 1))  # ranks differ
@@ -64,13 +68,14 @@ def test_validation_subset_with_fewer_than_five_videos(tiny_synthetic, tmp_path)
 def test_linear_lr_scaling(tiny_synthetic, tmp_path):
     opt = parsed(tiny_synthetic, tmp_path, '--lr_scaling', 'linear', '--base_batch_size', '4',
                  '--accumulation_steps', '2', '--learning_rate', '0.01')
-    main.apply_lr_scaling(opt, DistContext(rank=0, world_size=2))
+    record = main.prepare(opt, DistContext(rank=0, world_size=2))
     # global batch 8 x 2 accumulation steps over a base batch of 4
-    assert opt.learning_rate == pytest.approx(0.04)
-    assert opt.batch_size_per_process == 4
+    assert record.learning_rate == pytest.approx(0.04)
+    assert opt.learning_rate == 0.01  # the options stay as given
+    assert record.batch_per_process == 4
     opt = parsed(tiny_synthetic, tmp_path, '--batch_size', '7')
     with pytest.raises(Exception, match='divisible'):
-        main.apply_lr_scaling(opt, DistContext(rank=0, world_size=2))
+        main.prepare(opt, DistContext(rank=0, world_size=2))
 
 
 def test_amp_is_ignored_on_cpu(tiny_synthetic, tmp_path, capsys):
@@ -82,12 +87,10 @@ def test_amp_is_ignored_on_cpu(tiny_synthetic, tmp_path, capsys):
 
 
 def test_one_parameter_group_without_frozen_tensors():
-    from training import make_optimizer
+    from training import OptimizerConfig, make_optimizer
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     net[0].requires_grad_(False)
-    opt = argparse.Namespace(optimizer='sgd', learning_rate=0.1, momentum=0.9, dampening=0.0,
-                             weight_decay=0.0, nesterov=False)
-    optimizer = make_optimizer(net, opt)
+    optimizer = make_optimizer(net, OptimizerConfig('sgd', 0.1, weight_decay=0.0))
     assert len(optimizer.param_groups) == 1
     assert len(optimizer.param_groups[0]['params']) == 2
 
@@ -98,29 +101,31 @@ def test_channels_last_gives_the_same_training(tiny_synthetic, tmp_path):
                             '--inference', *extra))
     a = torch.load(tmp_path / 'plain' / 'save_1.pth', weights_only=True)['state_dict']
     b = torch.load(tmp_path / 'cl' / 'save_1.pth', weights_only=True)['state_dict']
+    # oneDNN picks other convolution kernels for channels_last; with one thread
+    # (OMP_NUM_THREADS=1) their rounding differs by up to 7e-4 after 3 steps.
     for k in a:
-        assert torch.allclose(a[k].float(), b[k].float(), atol=1e-4), k
+        assert torch.allclose(a[k].float(), b[k].float(), atol=2e-3), k
     ra = json.loads((tmp_path / 'plain' / 'val.json').read_text())['results']
     rb = json.loads((tmp_path / 'cl' / 'val.json').read_text())['results']
     assert [e['label'] for v in ra.values() for e in v[:1]] == \
         [e['label'] for v in rb.values() for e in v[:1]]
 
 
-def test_normalising_on_the_device_gives_the_same_clips(tiny_synthetic, tmp_path):
+def test_normalizing_on_the_device_gives_the_same_clips(tiny_synthetic, tmp_path):
     outputs = {}
     for mode in ('off', 'on'):
-        opt = parsed(tiny_synthetic, tmp_path, '--normalize_on_device', mode,
-                     '--train_crop', 'random', '--colorjitter')
-        train_set, _ = data.get_training_data(opt)
-        val_set, _ = data.get_validation_data(opt)
-        infer_set, _ = data.get_inference_data(opt)
+        opt, record = prepared(tiny_synthetic, tmp_path, '--normalize_on_device', mode,
+                               '--train_crop', 'random', '--colorjitter')
+        train_set, _ = data.get_training_data(opt, record)
+        val_set, _ = data.get_validation_data(opt, record)
+        infer_set, _ = data.get_inference_data(opt, record)
         items = []
         for ds in (train_set, val_set, infer_set):
             data.seed_worker_rngs(5)
             x = ds[1][0]
-            if ds.device_normaliser is not None:
+            if ds.device_normalizer is not None:
                 assert x.dtype == torch.uint8
-                x = ds.device_normaliser(x.flatten(0, -5) if x.dim() == 5 else x[None])
+                x = ds.device_normalizer(x.flatten(0, -5) if x.dim() == 5 else x[None])
                 x = x if ds is val_set else x[0]
             items.append(x)
         outputs[mode] = items
@@ -129,7 +134,7 @@ def test_normalising_on_the_device_gives_the_same_clips(tiny_synthetic, tmp_path
         assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_training_with_normalisation_on_the_device(tiny_synthetic, tmp_path):
+def test_training_with_normalization_on_the_device(tiny_synthetic, tmp_path):
     for mode in ('off', 'on'):
         main.main(tiny_args(*tiny_synthetic, tmp_path / mode, '--n_epochs', '1',
                             '--normalize_on_device', mode, '--inference'))

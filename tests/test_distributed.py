@@ -1,6 +1,5 @@
 """Two gloo processes against one process: the same mathematics with the global
 batch (DDP + synchronised BatchNorm), exact validation, gradient accumulation."""
-import argparse
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ from datasets.samplers import ShardSampler
 from model import make_parallel
 from models import resnet
 from tests.dist_helpers import run_ranks
-from training import make_optimizer, train_epoch
+from training import LoopConfig, OptimizerConfig, make_optimizer, train_epoch
 from utils.distributed import CpuSyncBatchNorm, DistContext, convert_sync_batchnorm
 from validation import val_epoch
 
@@ -18,12 +17,12 @@ SINGLE = DistContext()
 N_CLASSES = 4
 
 
-def train_opt(**kw):
-    base = dict(accumulation_steps=1, lr_scheduler='multistep', log_interval=100,
-                no_progress=True, amp=False, channels_last=False, optimizer='sgd', learning_rate=0.01, momentum=0.9,
-                dampening=0.0, weight_decay=1e-3, nesterov=False)
-    base.update(kw)
-    return argparse.Namespace(**base)
+SGD_CONFIG = OptimizerConfig('sgd', 0.01, momentum=0.9, weight_decay=1e-3)
+
+
+def loop_config(accumulation_steps=1):
+    return LoopConfig(accumulation_steps=accumulation_steps, log_interval=100,
+                      progress_bar=False)
 
 
 def tiny_resnet():
@@ -57,11 +56,11 @@ def shard(batch_list, ctx, per_rank_micro):
 
 def train(model_fn, ctx, sync_bn, accumulation_steps, per_rank_micro, out_path=None):
     model = make_parallel(model_fn(), ctx, batchnorm_sync=sync_bn)
-    opt = train_opt(accumulation_steps=accumulation_steps)
-    optimizer = make_optimizer(model, opt)
+    optimizer = make_optimizer(model, SGD_CONFIG)
     scaler = torch.amp.GradScaler('cpu', enabled=False)
     data = shard(batches(), ctx, per_rank_micro)
-    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None, scaler, ctx, opt)
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None, scaler, ctx,
+                loop_config(accumulation_steps))
     net = model.module if ctx.distributed else model
     params = {k: v.detach().clone() for k, v in net.named_parameters()}
     if out_path is not None and ctx.rank == 0:
@@ -92,11 +91,10 @@ def test_ddp_without_sync_bn_differs_only_by_bn_statistics(tmp_path):
     two = torch.load(tmp_path / 'p.pth', weights_only=True)
     reference = train(tiny_resnet, SINGLE, sync_bn=False, accumulation_steps=1, per_rank_micro=8)
     assert max_diff(reference, two) > 1e-4  # per-rank BN statistics change the result
-    # One process that normalises each half-batch on its own and averages the
+    # One process that normalizes each half-batch on its own and averages the
     # two gradients reproduces the two-process run.
     model = tiny_resnet()
-    opt = train_opt()
-    optimizer = make_optimizer(model, opt)
+    optimizer = make_optimizer(model, SGD_CONFIG)
     model.train()
     for x, y in batches():
         optimizer.zero_grad()
@@ -183,7 +181,7 @@ def validate(ctx, out_path=None, n_videos=7):
     x = torch.randn(2, 3, 8, 32, 32, generator=torch.Generator().manual_seed(0))
     model(x).sum().backward()  # the same batch on every rank: same BN statistics
     model.zero_grad()
-    stats = val_epoch(1, loader, model, ctx, train_opt())
+    stats = val_epoch(1, loader, model, ctx, loop_config())
     if out_path is not None and ctx.rank == 0:
         torch.save(stats, out_path)
     return stats

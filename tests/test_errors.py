@@ -26,7 +26,8 @@ def fails_with(capsys, args, *needles):
     err = capsys.readouterr().err
     for needle in needles:
         assert needle in err, err
-    assert 'Traceback' not in err
+    assert 'Traceback' not in err and 'worker process' not in err  # the worker's own message
+    assert err.startswith('error: ')
     return err
 
 

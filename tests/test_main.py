@@ -21,7 +21,9 @@ def test_end_to_end_outputs(tiny_synthetic, tmp_path):
     run(tiny_synthetic, result, '--n_epochs', '2', '--checkpoint', '1', '--inference',
         '--inference_stride', '4', '--tensorboard')
     opts = json.loads((result / 'opts.json').read_text())
-    assert opts['n_classes'] == 6 and opts['n_parameters'] > 0 and opts['gflops_per_clip'] > 0
+    run_record = opts['run']
+    assert opts['n_classes'] == 6 and run_record['n_parameters'] > 0
+    assert run_record['gflops_per_clip'] > 0 and run_record['begin_epoch'] == 1
     train_log = read_tsv(result / 'train.log')
     assert [r['epoch'] for r in train_log] == ['1', '2']
     assert list(train_log[0])[:4] == ['epoch', 'loss', 'acc', 'lr']

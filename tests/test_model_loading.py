@@ -7,8 +7,7 @@ import pytest
 import torch
 import torchvision
 
-from model import (build_model, freeze_before, generate_model, load_state_dict_checked,
-                   replace_classifier)
+from model import build_model, freeze_before, generate_model, load_state_dict_checked, replace_classifier
 from opts import OptionError, parse_opts
 
 
@@ -94,7 +93,7 @@ def test_s3d_classifier_is_replaced():
 def test_ft_begin_module_names_for_densenet():
     net = generate_model(options(model='densenet', model_depth=121))
     frozen = freeze_before(net, 'denseblock4')
-    assert frozen[:2] == ['conv1', 'norm1'] and 'transition3' in frozen
+    assert frozen[:2] == ('conv1', 'norm1') and 'transition3' in frozen
     assert not net.features.denseblock3.denselayer1.conv1.weight.requires_grad
     assert net.features.denseblock4.denselayer1.conv1.weight.requires_grad
     assert net.classifier.weight.requires_grad

@@ -9,8 +9,14 @@ import torch
 from datasets.annotation import check_videos, load_annotations
 from datasets.loader import JpgClipLoader
 from datasets.spatial_transforms import build_train_transform
-from datasets.synthetic import (ANNOTATION_NAME, CLASSES, STAMP_NAME, prepare_synthetic,
-                                render_video, video_seed)
+from datasets.synthetic import (
+    ANNOTATION_NAME,
+    CLASSES,
+    STAMP_NAME,
+    prepare_synthetic,
+    render_video,
+    video_seed,
+)
 from datasets.temporal_transforms import TemporalRandomCrop
 from datasets.videodataset import VideoClipDataset
 

@@ -59,7 +59,7 @@ def test_torchrun_two_processes_train_validate_resume_infer(tiny_synthetic, tmp_
     results = json.loads((result / 'val.json').read_text())['results']
     assert len(results) == 12  # every validation video, once
     opts = json.loads((result / 'opts.json').read_text())
-    assert opts['world_size_effective'] == 2 and opts['batch_size_per_process'] == 4
+    assert opts['run']['world_size'] == 2 and opts['run']['batch_per_process'] == 4
     # One process scoring the same checkpoint writes the same results.
     single = tmp_path / 'single'
     main.main(tiny_args(*tiny_synthetic, single, '--no_train', '--no_val', '--inference',

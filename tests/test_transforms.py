@@ -4,11 +4,20 @@ import random
 import pytest
 import torch
 
-from datasets.spatial_transforms import (MEAN_STD, MultiScaleCornerCrop, NormalizeToInput,
-                                         build_eval_transform, build_train_transform,
-                                         get_mean_std)
-from datasets.temporal_transforms import (SlidingWindow, TemporalCenterCrop, TemporalEvenCrop,
-                                          TemporalRandomCrop)
+from datasets.spatial_transforms import (
+    MEAN_STD,
+    MultiScaleCornerCrop,
+    NormalizeToInput,
+    build_eval_transform,
+    build_train_transform,
+    get_mean_std,
+)
+from datasets.temporal_transforms import (
+    SlidingWindow,
+    TemporalCenterCrop,
+    TemporalEvenCrop,
+    TemporalRandomCrop,
+)
 
 # ----------------------------------------------------------------------------- temporal
 
@@ -145,7 +154,7 @@ def test_colorjitter_changes_clip_with_one_draw_per_clip():
     assert changed >= 4
 
 
-def test_normalisation_matches_hand_computation():
+def test_normalization_matches_hand_computation():
     clip = textured_clip(h=16, w=16)
     x = clip.double() / 255
     for dataset in ('kinetics', 'activitynet', '0.5'):
@@ -157,13 +166,13 @@ def test_normalisation_matches_hand_computation():
             assert out.dtype == torch.float32 and out.shape == (3, 4, 16, 16)
             assert out.is_contiguous()
             assert torch.allclose(out.double(), expected, atol=1e-5)
-    # value_scale 255 without std normalisation: x - 255 * mean
+    # value_scale 255 without std normalization: x - 255 * mean
     mean, std = get_mean_std(255, 'kinetics', no_std_norm=True)
     out = build_eval_transform(16, mean=mean, std=std, value_scale=255)(clip)
     m = torch.tensor(MEAN_STD['kinetics'][0], dtype=torch.float64).view(1, 3, 1, 1)
     assert torch.allclose(out.double(), (clip.double() - 255 * m).permute(1, 0, 2, 3),
                           atol=1e-3)
-    # no normalisation at all, value_scale 1: x / 255
+    # no normalization at all, value_scale 1: x / 255
     mean, std = get_mean_std(1, 'kinetics', no_mean_norm=True, no_std_norm=True)
     assert mean == [0, 0, 0] and std == [1, 1, 1]
     out = build_eval_transform(16, mean=mean, std=std)(clip)

@@ -16,10 +16,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from util_scripts import (eval_accuracy, generate_video_hdf5,
-                          generate_video_jpgs, hmdb51_json, kinetics_json,
-                          mit_json, ucf101_json)
+from util_scripts import (
+    eval_accuracy,
+    generate_video_hdf5,
+    generate_video_jpgs,
+    hmdb51_json,
+    kinetics_json,
+    mit_json,
+    ucf101_json,
+)
 from util_scripts.utils import ffmpeg_command
+from utils.video_accuracy import compute_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
 needs_ffmpeg = pytest.mark.skipif(shutil.which('ffmpeg') is None,
@@ -501,13 +508,13 @@ def gt_and_result(tmp_path):
 def test_eval_accuracy_top1_top2_ignore(gt_and_result):
     gt, res = gt_and_result
     # top-1: v1 right, v2 wrong, v3 right, v4 missing (wrong) -> 2/4.
-    assert eval_accuracy.compute_accuracy(gt, res) == (0.5, 2, 4)
+    assert compute_accuracy(gt, res) == (0.5, 2, 4)
     # top-2: v2's second label is right -> 3/4.
-    assert eval_accuracy.compute_accuracy(gt, res, k=2) == (0.75, 3, 4)
+    assert compute_accuracy(gt, res, k=2) == (0.75, 3, 4)
     # --ignore: only v1..v3 count.
-    assert eval_accuracy.compute_accuracy(gt, res, ignore=True) == (
+    assert compute_accuracy(gt, res, ignore=True) == (
         pytest.approx(2 / 3), 2, 3)
-    assert eval_accuracy.compute_accuracy(gt, res, subset='train') == (
+    assert compute_accuracy(gt, res, subset='train') == (
         0.0, 0, 1)
 
 
@@ -530,7 +537,7 @@ def test_eval_accuracy_cli(gt_and_result, capsys):
 def test_eval_accuracy_empty_subset(gt_and_result):
     gt, res = gt_and_result
     with pytest.raises(ValueError) as info:
-        eval_accuracy.compute_accuracy(gt, res, subset='testing')
+        compute_accuracy(gt, res, subset='testing')
     message = str(info.value)
     assert "subset 'testing'" in message
     assert 'training (1 labelled)' in message
@@ -546,10 +553,10 @@ def test_eval_accuracy_no_overlap(tmp_path, gt_and_result, capsys):
     other = tmp_path / 'other.json'
     other.write_text(json.dumps({'results': {'zz': [{'label': 'a',
                                                      'score': 1.0}]}}))
-    assert eval_accuracy.compute_accuracy(gt, other) == (0.0, 0, 4)
+    assert compute_accuracy(gt, other) == (0.0, 0, 4)
     assert 'check --subset' in capsys.readouterr().err
     with pytest.raises(ValueError, match='check --subset'):
-        eval_accuracy.compute_accuracy(gt, other, ignore=True)
+        compute_accuracy(gt, other, ignore=True)
 
 
 def test_eval_accuracy_per_clip(tmp_path, gt_and_result):
@@ -567,9 +574,9 @@ def test_eval_accuracy_per_clip(tmp_path, gt_and_result):
                                                   'score': 0.35}]}]}}
     path = tmp_path / 'clips.json'
     path.write_text(json.dumps(clip_results))
-    assert eval_accuracy.compute_accuracy(gt, path, ignore=True) == (
+    assert compute_accuracy(gt, path, ignore=True) == (
         0.5, 1, 2)
-    assert eval_accuracy.compute_accuracy(gt, path, k=2, ignore=True) == (
+    assert compute_accuracy(gt, path, k=2, ignore=True) == (
         1.0, 2, 2)
 
 
@@ -578,10 +585,10 @@ def test_eval_accuracy_rejects_malformed(tmp_path, gt_and_result):
     path = tmp_path / 'bad.json'
     path.write_text(json.dumps({'v1': []}))
     with pytest.raises(ValueError, match='no "results"'):
-        eval_accuracy.compute_accuracy(gt, path)
+        compute_accuracy(gt, path)
     path.write_text(json.dumps({'results': {'v1': [{'label': 'a'}]}}))
     with pytest.raises(ValueError, match='"label" and "score"'):
-        eval_accuracy.compute_accuracy(gt, path)
+        compute_accuracy(gt, path)
 
 
 def test_eval_accuracy_activitynet_ground_truth(tmp_path):
@@ -596,4 +603,4 @@ def test_eval_accuracy_activitynet_ground_truth(tmp_path):
     res.write_text(json.dumps({'results': {
         'v1': [{'label': 'a', 'score': 0.9}],
         'v2': [{'label': 'a', 'score': 0.9}]}}))
-    assert eval_accuracy.compute_accuracy(gt, res) == (0.5, 1, 2)
+    assert compute_accuracy(gt, res) == (0.5, 1, 2)

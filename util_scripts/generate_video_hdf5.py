@@ -19,9 +19,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .utils import (DATASETS, contiguous_frames, extract_frames, fail,
-                    frame_numbers, list_videos, n_jobs_value, require_dir,
-                    require_ffmpeg, run_conversions)
+from .utils import (
+    DATASETS,
+    contiguous_frames,
+    extract_frames,
+    fail,
+    frame_numbers,
+    list_videos,
+    n_jobs_value,
+    require_dir,
+    require_ffmpeg,
+    run_conversions,
+)
 
 
 def pack_frames(frame_dir, dst_file):

@@ -14,9 +14,16 @@ import os
 import shutil
 from pathlib import Path
 
-from .utils import (DATASETS, extract_frames, fail, list_videos,
-                    n_jobs_value, require_dir, require_ffmpeg,
-                    run_conversions)
+from .utils import (
+    DATASETS,
+    extract_frames,
+    fail,
+    list_videos,
+    n_jobs_value,
+    require_dir,
+    require_ffmpeg,
+    run_conversions,
+)
 
 
 def is_done(dst_dir):

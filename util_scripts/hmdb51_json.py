@@ -10,11 +10,10 @@ import argparse
 import re
 from pathlib import Path
 
-from .utils import (add_segments, fail, read_lines, require_dir,
-                    write_annotation)
+from .utils import add_segments, fail, read_lines, require_dir, write_annotation
 
 SPLIT_FILE = re.compile(r'^(?P<label>.+)_test_split(?P<split>[123])\.txt$')
-SUBSETS = {'1': 'training', '2': 'validation'}
+SPLIT_CODES = {'1': 'training', '2': 'validation'}  # the split files' column
 
 
 def find_split_files(dir_path):
@@ -41,7 +40,7 @@ def load_split(files):
             # Video ids are the file name up to its extension, as the
             # frame folders written by generate_video_jpgs.
             database[Path(parts[0]).stem] = {
-                'subset': SUBSETS[parts[1]],
+                'subset': SPLIT_CODES[parts[1]],
                 'annotations': {'label': label}}
     return database
 

@@ -15,8 +15,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from .utils import (add_segments, fail, require_dir, require_file,
-                    write_annotation)
+from .utils import add_segments, fail, require_dir, require_file, write_annotation
 
 USAGE = ('%(prog)s train_csv val_csv test_csv video_path {jpg,hdf5} '
          'dst_json\n       %(prog)s csv_dir n_classes video_path {jpg,hdf5} '

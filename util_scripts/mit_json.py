@@ -11,8 +11,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from .utils import (add_segments, fail, require_dir, require_file,
-                    write_annotation)
+from .utils import add_segments, fail, require_dir, require_file, write_annotation
 
 
 def load_labels(categories_path):

@@ -9,8 +9,7 @@ or <label>/<video_id>.hdf5). testlist videos become the 'validation' subset.
 import argparse
 from pathlib import Path
 
-from .utils import (add_segments, fail, read_lines, require_dir,
-                    require_file, write_annotation)
+from .utils import add_segments, fail, read_lines, require_dir, require_file, write_annotation
 
 
 def load_labels(class_ind_path):

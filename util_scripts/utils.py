@@ -10,6 +10,8 @@ import sys
 from multiprocessing.pool import Pool, ThreadPool
 from pathlib import Path
 
+from datasets.annotation import hdf5_frame_count
+
 # Containers ffmpeg reads that show up in the supported datasets' archives.
 VIDEO_EXTS = {'.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv',
               '.mpg', '.mpeg', '.3gp', '.wmv', '.ogv'}
@@ -142,12 +144,10 @@ def contiguous_frames(numbers):
 
 
 def hdf5_n_frames(path):
-    """Length of the 'video' dataset, or None when the file has none."""
+    """Frames in an hdf5 video file, or None when it has no frame dataset."""
     import h5py  # only needed for hdf5 data; keeps jpg-only runs light
     with h5py.File(path, 'r') as f:
-        if 'video' not in f:
-            return None
-        return f['video'].shape[0]
+        return hdf5_frame_count(f)
 
 
 # Why video_segment() gives no usable segment, or truncates one.

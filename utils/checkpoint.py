@@ -26,7 +26,7 @@ def load_checkpoint(path, map_location='cpu'):
     """Loads a checkpoint without executing pickled code (weights_only=True)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f'checkpoint {path} does not exist: check the path '
+        raise CheckpointError(f'checkpoint {path} does not exist: check the path '
                                 f'(it is prefixed with --root_path when that is set)')
     try:
         return torch.load(path, map_location=map_location, weights_only=True)

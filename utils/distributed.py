@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-
 # The differentiable all_reduce is deprecated in favour of functional
 # collectives that have no autograd support yet; it is the one that works here.
 warnings.filterwarnings('ignore', message='torch.distributed.nn.functional.all_reduce is deprecated')
@@ -161,7 +160,7 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         c = x.size(1)
         n = stats[-1]
         mean = stats[:c] / n
-        var = stats[c:2 * c] / n - mean * mean  # biased, used to normalise
+        var = stats[c:2 * c] / n - mean * mean  # biased, used to normalize
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)

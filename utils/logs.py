@@ -28,6 +28,12 @@ class TsvLogger:
     def close(self):
         self.file.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def _fmt(value):
     if isinstance(value, float):

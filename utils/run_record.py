@@ -1,0 +1,26 @@
+"""What a run derives or finds at run time, kept apart from the options as given."""
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class RunRecord:
+    """Filled in by main.py's stages (prepare, then restore) and written to
+    opts.json under "run", beside the options exactly as parsed."""
+    device: str
+    world_size: int
+    batch_per_process: int
+    learning_rate: float  # --learning_rate after --lr_scaling
+    amp: bool  # --amp, off on CPU
+    normalize_on_device: bool  # workers hand over uint8, the device normalizes
+    video_path: Path | None  # resolved (the synthetic set's when --dataset synthetic)
+    annotation_path: Path | None
+    resume_path: Path | None  # --resume_path, or the checkpoint --auto_resume found
+    begin_epoch: int = 1
+    n_parameters: int = 0
+    gflops_per_clip: float = 0.0
+    frozen_modules: tuple[str, ...] = ()
+
+    def to_dict(self):
+        return {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}

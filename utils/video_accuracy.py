@@ -1,0 +1,132 @@
+"""Top-k video accuracy of an inference result file against an annotation file
+(used after --inference by main.py and by util_scripts/eval_accuracy.py).
+
+The result file is what inference writes: {"results": {video_id: [{"label",
+"score"}, ...]}}, or the per-clip form {"results": {video_id: [{"segment",
+"result": [...]}, ...]}}, whose scores are averaged over the clips of each
+video first. Every labelled video of the subset counts; one without a result
+counts as wrong unless ignore=True restricts the evaluation to the videos in
+the results.
+"""
+import json
+import sys
+from pathlib import Path
+
+from datasets.annotation import SUBSET_NAMES, DataError
+
+
+def canonical_subset(subset):
+    return SUBSET_NAMES.get(subset, subset)
+
+
+def _load(path, what):
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f'{what} not found: {path}')
+    with path.open('r') as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataError(f'{what} {path} is not valid JSON: {e}') from None
+
+
+def load_ground_truth(gt_path, subset):
+    """({video_id: label} of the subset's labelled videos, all labels)."""
+    data = _load(gt_path, 'ground-truth JSON')
+    if 'database' not in data:
+        raise ValueError(f'{gt_path} has no "database": not an annotation '
+                         'JSON')
+    ground_truth = {}
+    labelled = {}
+    for video_id, entry in data['database'].items():
+        annotations = entry.get('annotations') or {}
+        if isinstance(annotations, list):
+            # ActivityNet lists labelled segments; the video's class is
+            # that of its first segment.
+            annotations = annotations[0]
+        label = annotations.get('label')
+        labelled.setdefault(entry.get('subset'), 0)
+        if label is None:
+            continue
+        labelled[entry.get('subset')] += 1
+        if entry.get('subset') == subset:
+            ground_truth[video_id] = label
+    if not ground_truth:
+        present = ', '.join(f'{name} ({n} labelled)'
+                            for name, n in sorted(labelled.items(),
+                                                  key=lambda x: str(x[0])))
+        raise ValueError(f"subset '{subset}' has no labelled video in "
+                         f'{gt_path}; subsets present: {present or "none"}')
+    return ground_truth, data.get('labels', [])
+
+
+def average_clips(clips, video_id):
+    """Mean score per label over a video's clips (per-clip results).
+
+    Clips keep only their top-k labels; a label a clip left out counts
+    as score 0 for that clip.
+    """
+    totals = {}
+    for clip in clips:
+        if not isinstance(clip, dict) or 'result' not in clip:
+            raise ValueError(f'video {video_id}: mixes per-clip entries '
+                             '(with "result") and per-video entries')
+        for item in clip['result']:
+            totals[item['label']] = totals.get(item['label'], 0.0) + \
+                item['score']
+    return [{'label': label, 'score': total / len(clips)}
+            for label, total in totals.items()]
+
+
+def load_results(result_path):
+    """{video_id: labels sorted by decreasing score}."""
+    data = _load(result_path, 'result JSON')
+    if not isinstance(data, dict) or not isinstance(data.get('results'),
+                                                    dict):
+        raise ValueError(f'{result_path} has no "results" object: expected '
+                         '{"results": {"<video_id>": [{"label", "score"}, '
+                         '...]}}')
+    ranked = {}
+    for video_id, entries in data['results'].items():
+        if entries and isinstance(entries[0], dict) and 'result' in entries[0]:
+            entries = average_clips(entries, video_id)
+        try:
+            # Stable sort: ties keep the file's order.
+            ordered = sorted(entries, key=lambda e: e['score'], reverse=True)
+            ranked[video_id] = [e['label'] for e in ordered]
+        except (KeyError, TypeError):
+            raise ValueError(f'{result_path}: video {video_id}: entries need '
+                             '"label" and "score"')
+    return ranked
+
+
+def compute_accuracy(gt_path, result_path, k=1, subset='validation',
+                     ignore=False):
+    """Top-k video accuracy; returns (accuracy, n_correct, n_total).
+
+    Raises DataError (a ValueError) with a readable message.
+    """
+    if k < 1:
+        raise ValueError(f'k must be at least 1, got {k}')
+    subset = canonical_subset(subset)
+    ground_truth, labels = load_ground_truth(gt_path, subset)
+    results = load_results(result_path)
+
+    unknown = {label for ranked in results.values() for label in ranked}
+    unknown -= set(labels)
+    if labels and unknown:
+        print(f'warning: the results use {len(unknown)} label(s) absent from '
+              f'{gt_path} (e.g. {sorted(unknown)[0]!r}); is it the right '
+              'annotation file?', file=sys.stderr)
+
+    evaluated = [v for v in ground_truth if v in results]
+    if not evaluated:
+        message = (f"none of the {len(ground_truth)} '{subset}' videos of "
+                   f'{gt_path} has a result in {result_path}; check --subset '
+                   'and that both files describe the same dataset and split')
+        if ignore:
+            raise ValueError(message)
+        print('warning: ' + message, file=sys.stderr)
+    n_total = len(evaluated) if ignore else len(ground_truth)
+    n_correct = sum(ground_truth[v] in results[v][:k] for v in evaluated)
+    return n_correct / n_total, n_correct, n_total
