@@ -66,10 +66,6 @@ class VideoRecord:
     def positions(self) -> range:
         return range(self.first_frame, self.first_frame + self.n_frames)
 
-    @property
-    def number_offset(self) -> int:
-        """Add to a 0-based position to get the annotation's frame number."""
-        return self.segment[0] - self.first_frame
 
 
 def frame_file_name(position: int) -> str:

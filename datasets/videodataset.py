@@ -153,9 +153,6 @@ class VideoWindowDataset(Dataset):
     def __len__(self) -> int:
         return int(self.video_offsets[-1])
 
-    def items_of_video(self, v: int) -> range:
-        return range(int(self.video_offsets[v]), int(self.video_offsets[v + 1]))
-
     def shard(self, rank: int, world_size: int) -> range:
         """Contiguous item range of ``rank``: whole videos, about equal item counts."""
         total = len(self)
