@@ -181,13 +181,17 @@ class KeepUint8:
 def build_train_transform(sample_size: int, train_crop: str = 'random', min_scale: float = 0.25,
                           min_ratio: float = 0.75, hflip: bool = True, colorjitter: bool = False,
                           mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                          value_scale: float = 1) -> ClipTransform:
+                          value_scale: float = 1, randaugment: Sequence[int] | None = None,
+                          random_erasing: float = 0.0) -> ClipTransform:
     """Training augmentation for uint8 clips (T, C, H, W) -> float (C, T, H, W).
 
     train_crop: 'random' = RandomResizedCrop(scale=(min_scale, 1), ratio=(min_ratio,
     1 / min_ratio)); 'corner' = :class:`MultiScaleCornerCrop`; 'center' = resize
     the short side to sample_size and center-crop.  Then horizontal flip
     (p = 0.5) and ColorJitter(0.4, 0.4, 0.4, 0.1), each with one draw per clip.
+    ``randaugment=(N, M)`` adds RandAugment(num_ops=N, magnitude=M) and
+    ``random_erasing=p`` RandomErasing(p), both also one draw per clip; see
+    :func:`clip_regularisers`.
     mean/std in the [0, 1] scale (default: Kinetics), scaled by value_scale.
     """
     if mean is None or std is None:
@@ -207,8 +211,27 @@ def build_train_transform(sample_size: int, train_crop: str = 'random', min_scal
         steps.append(v2.RandomHorizontalFlip(0.5))
     if colorjitter:
         steps.append(v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
+    steps += clip_regularisers(randaugment, random_erasing, mean)
     return ClipTransform(v2.Compose(steps), NormalizeToInput(mean, std, value_scale),
                          deterministic=False)
+
+
+def clip_regularisers(randaugment: Sequence[int] | None, random_erasing: float,
+                      mean: Sequence[float]) -> list:
+    """RandAugment (N ops at magnitude M) and random erasing on the uint8 clip.
+
+    Both see the clip as one video, so every frame gets the same ops and the
+    same erased box. The box is filled with the mean grey of the data set,
+    which normalisation maps to about 0 (timm erases normalised images with 0).
+    """
+    steps = []
+    if randaugment:
+        num_ops, magnitude = (int(v) for v in randaugment)
+        steps.append(v2.RandAugment(num_ops=num_ops, magnitude=magnitude))
+    if random_erasing > 0:
+        grey = round(255 * sum(mean[:3]) / len(mean[:3]))
+        steps.append(v2.RandomErasing(p=random_erasing, value=grey))
+    return steps
 
 
 def build_eval_transform(sample_size: int, mean: Sequence[float] | None = None,

@@ -1,0 +1,352 @@
+"""The training-recipe pieces on their own: mixup/cutmix, EMA, precise BN,
+gradient checkpointing, torch.compile, gradient clipping, clip RandAugment and
+erasing, checkpoint averaging."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from datasets.spatial_transforms import build_train_transform
+from models import densenet, resnet
+from tests.dist_helpers import run_ranks
+from util_scripts import average_checkpoints
+from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
+from utils.distributed import DistContext, unwrap
+from utils.ema import ema_checkpoint_entries, load_ema, make_ema, update_ema
+from utils.grad_checkpoint import enable_grad_checkpointing
+from utils.mix import MixConfig, mix_batch
+from utils.precise_bn import recompute_bn_stats
+
+CPU = DistContext()
+
+
+def tiny_resnet(seed=0, n_classes=5):
+    torch.manual_seed(seed)
+    return resnet.generate_model(10, n_classes=n_classes, widen_factor=0.25)
+
+
+def labelled_clips(n=6, t=4, size=16):
+    """Clip i is filled with i + 1 (plus nothing else): the source of every
+    pixel of a mixed clip can be read off its value."""
+    clips = torch.arange(1, n + 1, dtype=torch.float32).view(n, 1, 1, 1, 1)
+    return clips.expand(n, 3, t, size, size).contiguous(), torch.arange(n) % 5
+
+
+# ---- mixup / cutmix -------------------------------------------------------
+
+def test_cutmix_targets_sum_to_one_and_match_the_pasted_area():
+    clips, labels = labelled_clips()
+    config = MixConfig(cutmix_alpha=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        out = mix_batch(clips, labels, 5, config, rng)
+        assert torch.allclose(out.targets.sum(1), torch.ones(6))
+        for i in range(6):
+            pasted = (out.clips[i] == 6 - i).float().mean().item()  # from clip 5 - i
+            assert pasted == pytest.approx(1 - out.lam, abs=1e-6)
+            expected = torch.zeros(5)
+            expected[labels[i]] += out.lam
+            expected[labels[5 - i]] += 1 - out.lam
+            assert torch.allclose(out.targets[i], expected)
+        assert torch.equal(out.dominant, labels if out.lam >= 0.5 else labels.flip(0))
+
+
+def test_cutmix_uses_one_box_for_every_frame_and_channel():
+    clips, labels = labelled_clips(t=8)
+    rng = np.random.default_rng(1)
+    seen_partial = False
+    for _ in range(10):
+        out = mix_batch(clips, labels, 5, MixConfig(cutmix_alpha=1.0), rng)
+        mask = out.clips != clips
+        assert torch.equal(mask, mask[:, :1, :1].expand_as(mask))
+        # The pasted region is a rectangle.
+        rows, cols = mask[0, 0, 0].any(1), mask[0, 0, 0].any(0)
+        assert torch.equal(mask[0, 0, 0], rows[:, None] & cols[None, :])
+        seen_partial |= 0 < out.lam < 1
+    assert seen_partial
+
+
+def test_mixup_is_the_weighted_sum_with_the_mirrored_clip():
+    clips, labels = labelled_clips()
+    clips = clips + torch.rand_like(clips)
+    out = mix_batch(clips, labels, 5, MixConfig(mixup_alpha=0.4), np.random.default_rng(2))
+    lam = out.lam
+    assert 0 < lam < 1
+    assert torch.allclose(out.clips, lam * clips + (1 - lam) * clips.flip(0))
+    assert torch.allclose(out.targets.sum(1), torch.ones(6))
+
+
+def test_mix_prob_and_switch_and_determinism():
+    clips, labels = labelled_clips()
+    out = mix_batch(clips, labels, 5, MixConfig(mixup_alpha=1.0, prob=0.0),
+                    np.random.default_rng(0))
+    assert out.clips is clips and out.targets is labels and out.lam == 1.0
+    kinds = set()
+    for seed in range(20):
+        a = mix_batch(clips, labels, 5, MixConfig(1.0, 1.0), np.random.default_rng(seed))
+        b = mix_batch(clips, labels, 5, MixConfig(1.0, 1.0), np.random.default_rng(seed))
+        assert torch.equal(a.clips, b.clips) and a.lam == b.lam
+        # Mixup gives values between two clips' values; cutmix only whole ones.
+        kinds.add(bool((a.clips != a.clips.round()).any()))
+    assert kinds == {True, False}
+
+
+def test_soft_targets_loss_with_label_smoothing_is_crossentropys_own():
+    logits = torch.randn(4, 5)
+    labels = torch.tensor([0, 3, 1, 1])
+    soft = nn.functional.one_hot(labels, 5).float()
+    eps = 0.1
+    crit = nn.CrossEntropyLoss(label_smoothing=eps)
+    smoothed = soft * (1 - eps) + eps / 5
+    by_hand = -(smoothed * logits.log_softmax(1)).sum(1).mean()
+    assert crit(logits, soft).item() == pytest.approx(by_hand.item(), rel=1e-6)
+    assert crit(logits, labels).item() == pytest.approx(by_hand.item(), rel=1e-6)
+
+
+# ---- EMA ------------------------------------------------------------------
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.bn(self.fc(x))
+
+
+def _train_steps(model, ema, k, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = []
+    for _ in range(k):
+        x = torch.randn(8, 3, generator=gen)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if ema is not None:
+            update_ema(ema, model)
+        history.append({k: v.clone() for k, v in model.state_dict().items()})
+    return history
+
+
+def test_ema_after_k_steps_equals_the_hand_computed_average():
+    torch.manual_seed(0)
+    model = TinyNet()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    decay = 0.9
+    ema = make_ema(model, decay)
+    history = _train_steps(model, ema, 4)
+    for key in ('fc.weight', 'fc.bias', 'bn.weight', 'bn.running_mean', 'bn.running_var'):
+        expected = start[key]
+        for state in history:
+            expected = decay * expected + (1 - decay) * state[key]
+        assert torch.allclose(ema.module.state_dict()[key], expected, atol=1e-6), key
+    assert not torch.allclose(ema.module.fc.weight, model.fc.weight)
+    assert int(ema.n_averaged) == 5
+
+
+def test_ema_resume_is_exact():
+    torch.manual_seed(0)
+    model = TinyNet()
+    ema = make_ema(model, 0.8)
+    _train_steps(model, ema, 3, seed=1)
+    saved_model = copy.deepcopy(model.state_dict())
+    saved = copy.deepcopy(ema_checkpoint_entries(ema))
+    _train_steps(model, ema, 3, seed=2)
+
+    torch.manual_seed(5)
+    resumed_model = TinyNet()
+    resumed_model.load_state_dict(saved_model)
+    resumed = make_ema(resumed_model, 0.8)
+    assert load_ema(resumed, saved, 'save_3.pth')
+    _train_steps(resumed_model, resumed, 3, seed=2)
+    for key, value in ema.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+    assert set(saved['ema_state_dict']) == set(model.state_dict())  # plain keys
+
+
+# ---- precise BN -----------------------------------------------------------
+
+def _batches(n, seed, size=16):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 3, 4, size, size, generator=gen) * (i + 1) for i in range(n)]
+
+
+def test_precise_bn_recomputes_statistics_and_nothing_else():
+    model = tiny_resnet()
+    model.train()
+    for clips in _batches(2, 9):
+        model(clips)  # running statistics from training
+    model.layer1.eval()  # as if frozen by fine-tuning
+    before = copy.deepcopy(model.state_dict())
+    batches = _batches(3, 1)
+    # By hand for the first BN: the mean of the per-batch means and unbiased variances.
+    inputs = [model.conv1(b) for b in batches]
+    means = torch.stack([x.mean((0, 2, 3, 4)) for x in inputs]).mean(0)
+    variances = torch.stack([x.var((0, 2, 3, 4), unbiased=True) for x in inputs]).mean(0)
+    assert recompute_bn_stats(model, batches, CPU) == 3
+    after = model.state_dict()
+    assert torch.allclose(after['bn1.running_mean'], means, atol=1e-5)
+    assert torch.allclose(after['bn1.running_var'], variances, rtol=1e-4)
+    for key, value in before.items():
+        changed = not torch.equal(after[key], value)
+        is_stat = key.endswith(('running_mean', 'running_var')) and not key.startswith('layer1')
+        assert changed == is_stat, key
+    assert model.bn1.momentum == 0.1 and model.training and not model.layer1.training
+
+
+def _precise_bn_rank(ctx, out_dir):
+    model = tiny_resnet()
+    model.train()
+    recompute_bn_stats(model, _batches(2, 10 + ctx.rank), ctx)
+    torch.save(model.state_dict(), f'{out_dir}/rank{ctx.rank}.pt')
+
+
+def test_precise_bn_averages_over_ranks(tmp_path):
+    run_ranks(_precise_bn_rank, 2, str(tmp_path))
+    singles = []
+    for rank in (0, 1):
+        model = tiny_resnet()
+        model.train()
+        recompute_bn_stats(model, _batches(2, 10 + rank), CPU)
+        singles.append(model.state_dict())
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f'rank{rank}.pt', weights_only=True)
+        for key in ('bn1.running_mean', 'layer4.0.bn2.running_var'):
+            assert torch.allclose(got[key], (singles[0][key] + singles[1][key]) / 2, atol=1e-6)
+
+
+# ---- gradient checkpointing and torch.compile --------------------------------
+
+def _outputs_and_grads(model, clips):
+    model.train()
+    out = model(clips)
+    out.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out.detach(), grads, copy.deepcopy(model.state_dict())
+
+
+@pytest.mark.parametrize('family', ['resnet', 'densenet'])
+def test_grad_checkpointing_matches_eager(family):
+    def build():
+        torch.manual_seed(0)
+        if family == 'resnet':
+            return tiny_resnet()
+        return densenet.DenseNet(growth_rate=4, block_config=(1, 2, 1, 1), num_init_features=8,
+                                 n_classes=5)
+    clips = torch.randn(2, 3, 4, 32, 32)
+    eager = build()
+    checkpointed = build()
+    keys = list(checkpointed.state_dict())
+    names = enable_grad_checkpointing(checkpointed)
+    assert len(names) == 4 and list(checkpointed.state_dict()) == keys
+    out_a, grads_a, state_a = _outputs_and_grads(eager, clips)
+    out_b, grads_b, state_b = _outputs_and_grads(checkpointed, clips)
+    assert torch.allclose(out_a, out_b, atol=1e-5)
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4), name
+    for key in state_a:  # BN statistics counted once, not twice
+        assert torch.allclose(state_a[key].float(), state_b[key].float(), atol=1e-6), key
+    with torch.no_grad():
+        eager.eval()
+        checkpointed.eval()
+        assert torch.allclose(eager(clips), checkpointed(clips), atol=1e-5)
+
+
+def test_grad_checkpointing_refuses_a_model_without_stages():
+    with pytest.raises(ValueError, match='--grad_checkpointing'):
+        enable_grad_checkpointing(TinyNet())
+
+
+# ---- RandAugment and random erasing on whole clips ----------------------------
+
+def _identical_frames_clip(t=5, size=24):
+    g = torch.Generator().manual_seed(0)
+    frame = torch.randint(0, 255, (1, 3, size, size), generator=g, dtype=torch.uint8)
+    return frame.expand(t, -1, -1, -1).contiguous()
+
+
+def test_randaugment_changes_the_clip_with_one_draw_for_all_frames():
+    clip = _identical_frames_clip()
+    tr = build_train_transform(24, train_crop='center', hflip=False, randaugment=(2, 9))
+    changed = 0
+    for seed in range(10):
+        torch.manual_seed(seed)
+        out = tr.augment(clip)
+        assert out.dtype == torch.uint8 and out.shape == clip.shape
+        assert all(torch.equal(out[0], out[t]) for t in range(1, 5))
+        changed += not torch.equal(out, clip)
+    assert changed >= 8
+
+
+def test_random_erasing_fills_one_box_per_clip_with_the_mean_grey():
+    clip = _identical_frames_clip()
+    tr = build_train_transform(24, train_crop='center', hflip=False, random_erasing=1.0,
+                               mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    for seed in range(5):
+        torch.manual_seed(seed)
+        out = tr.augment(clip)
+        erased = (out != clip).any(1)  # (T, H, W)
+        assert erased.any() and torch.equal(erased, erased[:1].expand_as(erased))
+        assert (out.permute(1, 0, 2, 3)[:, erased] == 128).all()
+    never = build_train_transform(24, train_crop='center', hflip=False, random_erasing=0.0)
+    assert torch.equal(never.augment(clip), clip)
+
+
+def test_compiled_model_matches_eager_and_keeps_plain_keys():
+    eager = tiny_resnet()
+    plain = tiny_resnet()
+    compiled = torch.compile(plain)
+    clips = torch.randn(2, 3, 4, 32, 32)
+    out_a, grads_a, _ = _outputs_and_grads(eager, clips)
+    out_b, grads_b, _ = _outputs_and_grads(compiled, clips)
+    assert torch.allclose(out_a, out_b, atol=1e-4)
+    for name, grad in grads_a.items():
+        # inductor reorders float32 sums: relative error ~5e-4 here, not bit equality
+        error = (grad - grads_b['_orig_mod.' + name]).norm() / grad.norm()
+        assert error < 5e-3, (name, error)
+    assert list(unwrap(compiled).state_dict()) == list(eager.state_dict())
+
+
+# ---- checkpoint averaging -------------------------------------------------
+
+def _save(path, model, epoch, arch='resnet-10', **extra):
+    save_checkpoint_atomic({'epoch': epoch, 'arch': arch, 'state_dict': model.state_dict(),
+                            **extra}, path)
+
+
+def test_averaging_two_checkpoints_equals_the_hand_average(tmp_path, capsys):
+    a, b = tiny_resnet(seed=1), tiny_resnet(seed=2)
+    b.bn1.num_batches_tracked.fill_(7)
+    _save(tmp_path / 'save_1.pth', a, 1)
+    _save(tmp_path / 'save_2.pth', b, 2)
+    average_checkpoints.main([str(tmp_path / 'save_1.pth'), str(tmp_path / 'save_2.pth'),
+                              '--output', str(tmp_path / 'avg.pth')])
+    assert 'averaged 2 checkpoints' in capsys.readouterr().out
+    out = load_checkpoint(tmp_path / 'avg.pth')
+    assert out['arch'] == 'resnet-10' and out['epoch'] == 2
+    sa, sb = a.state_dict(), b.state_dict()
+    for key, value in out['state_dict'].items():
+        if value.is_floating_point():
+            assert torch.allclose(value, (sa[key] + sb[key]) / 2, atol=1e-7), key
+    assert out['state_dict']['bn1.num_batches_tracked'].item() == 7
+    tiny_resnet().load_state_dict(out['state_dict'])  # loads as a model
+
+
+def test_averaging_refuses_different_architectures(tmp_path, capsys):
+    _save(tmp_path / 'a.pth', tiny_resnet(), 1)
+    _save(tmp_path / 'b.pth', tiny_resnet(n_classes=6), 2)
+    _save(tmp_path / 'c.pth', tiny_resnet(), 3, arch='resnet-18')
+    for other, message in (('b.pth', 'shape'), ('c.pth', 'holds resnet-18')):
+        with pytest.raises(SystemExit):
+            average_checkpoints.main([str(tmp_path / 'a.pth'), str(tmp_path / other),
+                                      '--output', str(tmp_path / 'avg.pth')])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        average_checkpoints.main([str(tmp_path / 'a.pth'), str(tmp_path / 'b.pth'),
+                                  '--weights', 'ema', '--output', str(tmp_path / 'avg.pth')])
+    assert 'no ema_state_dict' in capsys.readouterr().err
+    assert not (tmp_path / 'avg.pth').exists()

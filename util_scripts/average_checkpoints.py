@@ -1,0 +1,84 @@
+"""Average the weights of several checkpoints of one run into one checkpoint.
+
+    python -m util_scripts.average_checkpoints results/save_8.pth results/save_9.pth \
+        results/save_10.pth --output results/average.pth [--weights ema]
+
+Every checkpoint must hold the same architecture (``arch``) with the same
+state-dict keys and shapes. Floating-point tensors are averaged; integer
+buffers (BatchNorm's ``num_batches_tracked``) are taken from the last file.
+The output loads like any checkpoint: ``--resume_path average.pth --no_train
+--inference`` runs it (it has no optimizer state, so training from it starts
+afresh at the epoch after the last file's). BatchNorm statistics are averaged
+too; recomputing them (``--precise_bn``) is an option when they disagree.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from utils.checkpoint import CheckpointError, load_checkpoint, save_checkpoint_atomic
+
+
+def _weights(checkpoint, which, path):
+    key = 'state_dict' if which == 'raw' else 'ema_state_dict'
+    if key not in checkpoint:
+        raise CheckpointError(f'{path} has no {key} (--weights {which})')
+    return checkpoint[key]
+
+
+def _check_same_architecture(reference, ref_path, state, arch, path):
+    if arch != reference['arch']:
+        raise CheckpointError(f'{path} holds {arch} but {ref_path} holds {reference["arch"]}: '
+                              f'only checkpoints of one architecture can be averaged')
+    if list(state) != list(reference['state']):
+        missing = set(reference['state']) ^ set(state)
+        raise CheckpointError(f'{path} and {ref_path} have different state-dict keys '
+                              f'(e.g. {sorted(missing)[:3]})')
+    for key, value in state.items():
+        if value.shape != reference['state'][key].shape:
+            raise CheckpointError(f'{path}: {key} has shape {tuple(value.shape)}, '
+                                  f'{ref_path} {tuple(reference["state"][key].shape)}')
+
+
+def average_checkpoints(paths, which='raw'):
+    """The averaged checkpoint (a dict ready to save) of the files at `paths`."""
+    if len(paths) < 2:
+        raise ValueError('give at least two checkpoints to average')
+    reference, sums = None, None
+    for path in paths:
+        checkpoint = load_checkpoint(path)
+        state = _weights(checkpoint, which, path)
+        arch = checkpoint.get('arch')
+        if reference is None:
+            reference = {'arch': arch, 'state': state}
+            sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in state.items()}
+            continue
+        _check_same_architecture(reference, paths[0], state, arch, path)
+        for key, value in state.items():
+            sums[key] = sums[key] + value.double() if value.is_floating_point() else value.clone()
+    averaged = {k: (v / len(paths)).to(reference['state'][k].dtype) if v.is_floating_point()
+                else v for k, v in sums.items()}
+    return {'epoch': checkpoint.get('epoch', 0), 'arch': reference['arch'],
+            'state_dict': averaged, 'averaged_from': [str(p) for p in paths],
+            'averaged_weights': which}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('checkpoints', nargs='+', type=Path)
+    parser.add_argument('--output', type=Path, required=True)
+    parser.add_argument('--weights', choices=['raw', 'ema'], default='raw',
+                        help='average the raw weights or the EMA weights of each file')
+    args = parser.parse_args(argv)
+    try:
+        averaged = average_checkpoints(args.checkpoints, args.weights)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(2)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint_atomic(averaged, args.output)
+    print(f'averaged {len(args.checkpoints)} checkpoints ({averaged["arch"]}, '
+          f'{args.weights} weights) into {args.output}')
+
+
+if __name__ == '__main__':
+    main()
