@@ -191,7 +191,7 @@ def build_train_transform(sample_size: int, train_crop: str = 'random', min_scal
     (p = 0.5) and ColorJitter(0.4, 0.4, 0.4, 0.1), each with one draw per clip.
     ``randaugment=(N, M)`` adds RandAugment(num_ops=N, magnitude=M) and
     ``random_erasing=p`` RandomErasing(p), both also one draw per clip; see
-    :func:`clip_regularisers`.
+    :func:`clip_regularizers`.
     mean/std in the [0, 1] scale (default: Kinetics), scaled by value_scale.
     """
     if mean is None or std is None:
@@ -211,17 +211,17 @@ def build_train_transform(sample_size: int, train_crop: str = 'random', min_scal
         steps.append(v2.RandomHorizontalFlip(0.5))
     if colorjitter:
         steps.append(v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
-    steps += clip_regularisers(randaugment, random_erasing, mean)
+    steps += clip_regularizers(randaugment, random_erasing, mean)
     return ClipTransform(v2.Compose(steps), NormalizeToInput(mean, std, value_scale),
                          deterministic=False)
 
 
-def clip_regularisers(randaugment: Sequence[int] | None, random_erasing: float,
+def clip_regularizers(randaugment: Sequence[int] | None, random_erasing: float,
                       mean: Sequence[float]) -> list:
     """RandAugment (N ops at magnitude M) and random erasing on the uint8 clip.
 
     Both see the clip as one video, so every frame gets the same ops and the
-    same erased box. The box is filled with the mean grey of the data set,
+    same erased box. The box is filled with the mean gray of the data set,
     which normalisation maps to about 0 (timm erases normalised images with 0).
     """
     steps = []
@@ -229,8 +229,8 @@ def clip_regularisers(randaugment: Sequence[int] | None, random_erasing: float,
         num_ops, magnitude = (int(v) for v in randaugment)
         steps.append(v2.RandAugment(num_ops=num_ops, magnitude=magnitude))
     if random_erasing > 0:
-        grey = round(255 * sum(mean[:3]) / len(mean[:3]))
-        steps.append(v2.RandomErasing(p=random_erasing, value=grey))
+        gray = round(255 * sum(mean[:3]) / len(mean[:3]))
+        steps.append(v2.RandomErasing(p=random_erasing, value=gray))
     return steps
 
 

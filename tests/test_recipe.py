@@ -282,7 +282,7 @@ def test_randaugment_changes_the_clip_with_one_draw_for_all_frames():
     assert changed >= 8
 
 
-def test_random_erasing_fills_one_box_per_clip_with_the_mean_grey():
+def test_random_erasing_fills_one_box_per_clip_with_the_mean_gray():
     clip = _identical_frames_clip()
     tr = build_train_transform(24, train_crop='center', hflip=False, random_erasing=1.0,
                                mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])

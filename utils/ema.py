@@ -55,7 +55,7 @@ def inference_state_dict(checkpoint, weights, source):
     if weights == 'raw':
         return checkpoint['state_dict']
     if 'ema_state_dict' not in checkpoint:
-        raise CheckpointError(f'{source} holds no EMA weights (it was trained without --ema_decay): '
-                       f'use --inference_weights raw')
+        raise CheckpointError(f'{source} holds no EMA weights (it was trained without '
+                              f'--ema_decay): use --inference_weights raw')
     return checkpoint['ema_state_dict']
 

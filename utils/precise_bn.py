@@ -24,7 +24,7 @@ def _trained_bn_layers(net):
 @torch.no_grad()
 def recompute_bn_stats(model, batches, ctx):
     """Recomputes the statistics of the BatchNorm layers that are in training
-    mode, from the clips yielded by `batches` (already on the device, normalised).
+    mode, from the clips yielded by `batches` (already on the device, normalized).
 
     Runs the network without its DDP wrapper (DDP would broadcast rank 0's
     buffers before each forward). Returns the number of batches used.
