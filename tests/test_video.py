@@ -1,0 +1,126 @@
+"""datasets/video.py: decoding .mp4/.avi/.mkv/.webm files written by the tests with PyAV."""
+import fractions
+
+import numpy as np
+import pytest
+import torch
+
+from datasets.annotation import DataError
+from datasets.video import VideoClipLoader, count_frames, iter_frames, read_video, scaled_size
+from tests.video_files import frame_image, red_levels, write_video
+
+
+@pytest.fixture(scope='module', params=['.mp4', '.avi', '.mkv', '.webm'])
+def video40(request, tmp_path_factory):
+    """40 frames, a keyframe every 5 (H.264 with B-frames in .mp4/.mkv)."""
+    return write_video(tmp_path_factory.mktemp('v') / f'v{request.param}', n_frames=40, gop=5)
+
+
+def test_every_frame_in_order(video40):
+    clip = read_video(video40)
+    assert clip.shape == (40, 3, 24, 32) and clip.dtype == torch.uint8
+    assert red_levels(clip) == list(range(40))
+    assert count_frames(video40)[0] == 40
+    assert count_frames(video40, exact=True) == (40, 'decoded')
+
+
+def test_seek_gives_the_frames_decoded_from_the_start(video40):
+    full = read_video(video40)
+    loader = VideoClipLoader()
+    clip = loader(video40, list(range(22, 30)))
+    assert torch.equal(clip, full[22:30])
+    # the clip's keyframe is frame 20: frames 20..29 decoded, not 0..29
+    assert loader.stats['decoded'] <= 12
+    # repeats and any order; a second call reuses the open container
+    clip = loader(video40, [31, 3, 3, 17])
+    assert torch.equal(clip, full[[31, 3, 3, 17]])
+
+
+def test_spread_clips_decode_the_video_at_most_once(video40):
+    full = read_video(video40)
+    loader = VideoClipLoader()
+    positions = [0, 1, 2, 3, 18, 19, 20, 21, 36, 37, 38, 39]
+    assert torch.equal(loader(video40, positions), full[positions])
+    assert loader.stats['decoded'] < 40  # skipped the gaps by seeking forward
+
+
+def test_clip_past_the_end_is_loop_padded(video40):
+    full = read_video(video40)
+    clip = VideoClipLoader()(video40, [37, 38, 39, 40, 41, 42])
+    assert red_levels(clip) == [37, 38, 39, 37, 38, 39]
+    assert torch.equal(clip[3:], full[37:40])
+    # a clip wholly past the end takes the video's last frames
+    assert red_levels(VideoClipLoader()(video40, [50, 51])) == [38, 39]
+
+
+def test_short_video_and_resize(tmp_path):
+    path = write_video(tmp_path / 'short.avi', n_frames=3, width=32, height=24)
+    clip = read_video(path, list(range(8)), short_side=12)
+    assert clip.shape == (8, 3, 12, 16)
+    assert red_levels(clip) == [0, 1, 2, 0, 1, 2, 0, 1]
+
+
+def test_rotated_video_comes_out_upright(tmp_path):
+    img = frame_image(3, 32, 24)
+    img[:4, :6] = (0, 255, 0)  # a green corner marks the orientation
+    path = write_video(tmp_path / 'phone.mp4', images=[img] * 3, rotation=-90)
+    upright = np.rot90(img, -1)  # display matrix -90: a quarter turn clockwise
+    for clip in (read_video(path), read_video(path, [1])):
+        assert clip.shape[2:] == (32, 24)
+        diff = np.abs(clip[0].permute(1, 2, 0).numpy().astype(int) - upright)
+        assert diff.mean() < 4
+    assert read_video(path, short_side=12).shape[2:] == (16, 12)
+
+
+def test_scaled_size():
+    assert scaled_size(320, 240, 240) == (320, 240)
+    assert scaled_size(176, 144, 240) == (293, 240)  # enlarges too
+    assert scaled_size(240, 427, 112) == (112, 199)
+    assert scaled_size(320, 240, None) == (320, 240)
+
+
+def write_vfr(path, gaps):
+    """H.264 with frame durations ``gaps`` (ms): a variable frame rate."""
+    import av
+    tb = fractions.Fraction(1, 1000)
+    with av.open(str(path), 'w') as container:
+        stream = container.add_stream('libx264', rate=25)
+        stream.width, stream.height, stream.pix_fmt = 32, 24, 'yuv420p'
+        stream.codec_context.time_base = tb
+        t = 0
+        for i, gap in enumerate(gaps):
+            frame = av.VideoFrame.from_ndarray(frame_image(i, 32, 24), format='rgb24')
+            frame.pts, frame.time_base = t, tb
+            t += gap
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def test_variable_frame_rate(tmp_path):
+    path = write_vfr(tmp_path / 'vfr.mp4', [40, 120, 40, 40, 120, 40])
+    # every frame once, in order, whatever its duration
+    assert red_levels(read_video(path)) == [0, 1, 2, 3, 4, 5]
+    assert red_levels(read_video(path, [4, 5])) == [4, 5]
+    # resampled to 25 fps: a 120 ms frame fills 3 slots of 40 ms; the last frame
+    # lasts the mean duration (360 ms / 5 = 72 ms: 2 slots)
+    levels = [round(float(np.median(a[..., 0])) / 6) for a in iter_frames(path, fps=25)]
+    assert levels == [0, 1, 1, 1, 2, 3, 4, 4, 4, 5, 5]
+    # 12.5 fps: slots every 80 ms (0, 80, ..., 400 ms)
+    levels = [round(float(np.median(a[..., 0])) / 6) for a in iter_frames(path, fps=12.5)]
+    assert levels == [0, 1, 2, 4, 4, 5]
+
+
+def test_bad_files_raise_a_data_error(tmp_path):
+    with pytest.raises(DataError, match='not found'):
+        read_video(tmp_path / 'none.mp4')
+    (tmp_path / 'text.mp4').write_text('not a video')
+    with pytest.raises(DataError, match='text.mp4 cannot be opened'):
+        VideoClipLoader()(tmp_path / 'text.mp4', [0])
+    good = write_video(tmp_path / 'good.mp4', n_frames=20, width=64, height=48)
+    data = good.read_bytes()
+    (tmp_path / 'cut.mp4').write_bytes(data[:len(data) // 3])
+    with pytest.raises(DataError, match='cut.mp4'):
+        read_video(tmp_path / 'cut.mp4', [5])

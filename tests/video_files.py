@@ -1,0 +1,49 @@
+"""Tiny video files written with PyAV (no ffmpeg binary needed) for the tests."""
+from pathlib import Path
+
+import numpy as np
+
+CODECS = {'.mp4': 'libx264', '.avi': 'mpeg4', '.mkv': 'libx264', '.webm': 'libvpx'}
+
+
+def frame_image(i: int, width: int, height: int) -> np.ndarray:
+    """Frame i: its index in the red level (i * 6, i < 43) and a white bar at column 2 * i,
+    so order and identity survive lossy coding."""
+    img = np.full((height, width, 3), 40, np.uint8)
+    img[..., 0] = min(255, 6 * i)
+    img[:, (2 * i) % width, :] = 255
+    return img
+
+
+def write_video(path, n_frames: int = 12, width: int = 32, height: int = 24, fps: int = 25,
+                gop: int = 5, rotation: int = 0, images=None) -> Path:
+    """An H.264 .mp4/.mkv (with B-frames), MPEG-4 .avi or VP8 .webm of
+    ``frame_image`` frames (or ``images``, (H, W, 3) uint8), a keyframe every ``gop``."""
+    import av
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    codec = CODECS[path.suffix]
+    with av.open(str(path), 'w') as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, 'yuv420p'
+        stream.codec_context.gop_size = gop
+        if codec == 'libx264':
+            stream.options = {'bf': '2', 'crf': '10', 'keyint_min': str(gop),
+                              'sc_threshold': '0'}
+        else:
+            stream.bit_rate = 2_000_000
+        if rotation:
+            stream.set_display_rotation(rotation)
+        frames = images if images is not None else \
+            [frame_image(i, width, height) for i in range(n_frames)]
+        for img in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format='rgb24')):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def red_levels(clip) -> list[int]:
+    """Frame indices recovered from a uint8 (T, C, H, W) clip of frame_image frames."""
+    return [round(float(f[0, :, :].float().median()) / 6) for f in clip]
