@@ -1,7 +1,7 @@
 """Tests of the data-preparation and evaluation scripts in util_scripts/.
 
-Everything runs in tmp_path on tiny fake data; ffmpeg is replaced by a
-stand-in script except in the tests marked as needing the real one.
+Everything runs in tmp_path on tiny data; the videos are written with PyAV
+(no ffmpeg binary is needed anywhere).
 """
 import io
 import json
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.video_files import frame_image, frame_level, write_video
 from util_scripts import (
     eval_accuracy,
     generate_video_hdf5,
@@ -25,12 +26,9 @@ from util_scripts import (
     mit_json,
     ucf101_json,
 )
-from util_scripts.utils import ffmpeg_command
 from utils.video_accuracy import compute_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
-needs_ffmpeg = pytest.mark.skipif(shutil.which('ffmpeg') is None,
-                                  reason='ffmpeg not installed')
 
 
 def jpeg_bytes(seed):
@@ -124,6 +122,31 @@ def test_gap_in_frames_truncates_segment(tmp_path, capsys):
     assert database == {'v_A_g01_c01': entry('training', [1, 4], 'A')}
     err = capsys.readouterr().err
     assert 'missing frame' in err and 'without frames' in err
+
+
+def test_ucf101_json_on_video_files(tmp_path, capsys):
+    """The builder on the .avi folder itself (--file_type video): 0-based
+    segments, AVI counts by decoding, MP4 from the header, broken files listed."""
+    (tmp_path / 'classInd.txt').write_text('1 A\n2 B\n')
+    (tmp_path / 'trainlist01.txt').write_text(
+        'A/v_A_g01_c01.avi 1\nB/v_B_g01_c01.avi 2\nB/v_B_g02_c01.avi 2\n'
+        'B/v_B_g03_c01.avi 2\n')
+    (tmp_path / 'testlist01.txt').write_text('A/v_A_g02_c01.avi\n')
+    videos = tmp_path / 'videos'
+    write_video(videos / 'A' / 'v_A_g01_c01.avi', n_frames=9)
+    write_video(videos / 'A' / 'v_A_g02_c01.avi', n_frames=4)
+    write_video(videos / 'B' / 'v_B_g01_c01.mp4', n_frames=6)
+    (videos / 'B' / 'v_B_g02_c01.avi').write_bytes(b'broken')
+    ucf101_json.main([str(tmp_path), str(videos), str(tmp_path)])
+    assert read_json(tmp_path / 'ucf101_01.json')['database'] == {
+        'v_A_g01_c01': entry('training', [0, 9], 'A'),
+        'v_B_g01_c01': entry('training', [0, 6], 'B'),
+        'v_A_g02_c01': entry('validation', [0, 4], 'A')}
+    out = capsys.readouterr()
+    assert '1 from the container header' in out.out
+    assert '2 by decoding every frame' in out.out
+    assert 'cannot be decoded, skipped: B/v_B_g02_c01' in out.err
+    assert 'not found, skipped: B/v_B_g03_c01' in out.err
 
 
 # ------------------------------------------------------------ hmdb51_json
@@ -251,6 +274,19 @@ def test_kinetics_json_hdf5_and_predecessor_form(tmp_path):
         }}
 
 
+def test_kinetics_json_video(tmp_path):
+    train, val, test = write_kinetics_csvs(tmp_path / 'csv')
+    videos = tmp_path / 'videos'
+    write_video(videos / 'zumba' / 'zz1_000005_000015.mp4', n_frames=5)
+    write_video(videos / 'zumba' / 'zz2_000100_000110.webm', n_frames=3)
+    make_frames(videos / 'abseiling' / 'ab1_000000_000010', 4)  # not a video file
+    dst = tmp_path / 'kinetics.json'
+    kinetics_json.main([str(train), str(val), str(test), str(videos), 'video', str(dst)])
+    assert read_json(dst)['database'] == {
+        'zz1_000005_000015': entry('training', [0, 5], 'zumba'),
+        'zz2_000100_000110': entry('validation', [0, 3], 'zumba')}
+
+
 def test_kinetics_json_errors(tmp_path):
     train, val, test = write_kinetics_csvs(tmp_path / 'csv')
     with pytest.raises(SystemExit):  # argparse: wrong video type
@@ -364,116 +400,109 @@ def test_generate_video_hdf5_missing_input(tmp_path):
 
 # ------------------------------------------------------------ generate_video_jpgs
 
-FAKE_FFMPEG = '''\
-#!{python}
-# Stand-in for ffmpeg: logs its arguments, writes 3 small JPEGs to the
-# output pattern, and fails (after one frame) on inputs named *broken*.
-import io, sys
-from PIL import Image
-args = sys.argv[1:]
-with open({log!r}, 'a') as log:
-    log.write(' '.join(args) + '\\n')
-src, pattern = args[args.index('-i') + 1], args[-1]
-n = 1 if 'broken' in src else 3
-for i in range(1, n + 1):
-    Image.new('RGB', (8, 6), (i, 0, 0)).save(pattern % i, format='JPEG')
-sys.exit(1 if 'broken' in src else 0)
-'''
+def jpg_folder(folder):
+    return sorted(p.name for p in folder.iterdir())
 
 
 @pytest.fixture
-def fake_ffmpeg(tmp_path, monkeypatch):
-    bin_dir = tmp_path / 'bin'
-    bin_dir.mkdir()
-    log = tmp_path / 'ffmpeg.log'
-    script = bin_dir / 'ffmpeg'
-    script.write_text(FAKE_FFMPEG.format(python=sys.executable, log=str(log)))
-    script.chmod(0o755)
-    monkeypatch.setenv('PATH', f'{bin_dir}{os.pathsep}' + os.environ['PATH'])
-    return log
-
-
-def test_generate_video_jpgs_layout_skip_and_failure(tmp_path, fake_ffmpeg,
-                                                     capsys):
+def video_tree(tmp_path):
+    """UCF-like tree: 2 classes, an .avi, an .mp4 (B-frames), an .mkv, a file
+    that is not a video despite its name, a text file and a macOS fork."""
     videos = tmp_path / 'videos'
-    for rel in ('Alpha/v1.avi', 'Alpha/v2.mp4', 'Bravo/v3.webm',
-                'Bravo/broken.mkv', 'Bravo/notes.txt', 'Bravo/._v4.mp4'):
-        (videos / rel).parent.mkdir(parents=True, exist_ok=True)
-        (videos / rel).write_bytes(b'x')
-    dst = tmp_path / 'jpg'
-    argv = [str(videos), str(dst), 'ucf101', '--n_jobs', '2', '--fps', '25']
+    write_video(videos / 'Alpha' / 'v1.avi', n_frames=12)
+    write_video(videos / 'Alpha' / 'v2.mp4', n_frames=7)
+    write_video(videos / 'Bravo' / 'v3.mkv', n_frames=5)
+    (videos / 'Bravo' / 'broken.mp4').write_bytes(b'not a video')
+    (videos / 'Bravo' / 'notes.txt').write_text('x')
+    (videos / 'Bravo' / '._v4.mp4').write_bytes(b'x')
+    return videos
 
+
+def test_generate_video_jpgs(tmp_path, video_tree, capsys, monkeypatch):
+    monkeypatch.setenv('PATH', str(tmp_path))  # no ffmpeg binary reachable
+    dst = tmp_path / 'jpg'
+    argv = [str(video_tree), str(dst), 'ucf101', '--n_jobs', '1', '--size', '48']
     with pytest.raises(SystemExit, match='1 video'):
         generate_video_jpgs.main(argv)
-    assert 'broken.mkv' in capsys.readouterr().err
-    assert sorted(str(p.relative_to(dst)) for p in dst.rglob('*.jpg')) == [
-        f'{v}/image_0000{i}.jpg' for v in ('Alpha/v1', 'Alpha/v2', 'Bravo/v3')
-        for i in (1, 2, 3)]
-    # The failed video left nothing behind, not even its temporary folder.
-    assert sorted(p.name for p in (dst / 'Bravo').iterdir()) == ['v3']
-    calls = fake_ffmpeg.read_text().splitlines()
-    assert len(calls) == 4
-    assert all('-q:v 1' in c and '-threads 1' in c and 'fps=25,scale=' in c
-               for c in calls)
+    out = capsys.readouterr()
+    # the summary names the broken file and why; the others were converted
+    assert 'broken.mp4: video file' in out.err and 'cannot be opened' in out.err
+    assert 'notes.txt' in out.err
+    assert '3 converted, 0 already done, 1 failed' in out.out
+    for rel, n in (('Alpha/v1', 12), ('Alpha/v2', 7), ('Bravo/v3', 5)):
+        names = jpg_folder(dst / rel)
+        assert names == [f'image_{i:05d}.jpg' for i in range(1, n + 1)]
+        # every frame once, in order; 32x24 with short side 48 -> 64x48
+        images = [Image.open(dst / rel / name) for name in names]
+        assert [frame_level(im) for im in images] == list(range(n))
+        assert images[0].size == (64, 48)
+    assert jpg_folder(dst / 'Bravo') == ['v3']  # nothing left of the failure
 
-    # Rerun: finished videos are skipped, only the failed one is retried.
+    # restart: complete folders skipped, an interrupted one (its hidden
+    # temporary folder) and a folder with a gap redone
+    shutil.rmtree(dst / 'Alpha' / 'v1')
+    make_frames(dst / 'Alpha' / '.v1.tmp', 2)
+    (dst / 'Alpha' / 'v2' / 'image_00003.jpg').unlink()
+    mtime = (dst / 'Bravo' / 'v3' / 'image_00001.jpg').stat().st_mtime_ns
     with pytest.raises(SystemExit):
         generate_video_jpgs.main(argv)
-    calls = fake_ffmpeg.read_text().splitlines()
-    assert len(calls) == 5 and 'broken.mkv' in calls[-1]
+    assert '2 converted, 1 already done, 1 failed' in capsys.readouterr().out
+    assert jpg_folder(dst / 'Alpha') == ['v1', 'v2']
+    assert len(jpg_folder(dst / 'Alpha' / 'v1')) == 12
+    assert len(jpg_folder(dst / 'Alpha' / 'v2')) == 7
+    assert (dst / 'Bravo' / 'v3' / 'image_00001.jpg').stat().st_mtime_ns == mtime
 
 
-def test_generate_video_jpgs_activitynet_flat(tmp_path, fake_ffmpeg):
+def test_generate_video_jpgs_sizes_fps_rotation(tmp_path):
     videos = tmp_path / 'videos'
-    videos.mkdir()
-    (videos / 'v_abc.mp4').write_bytes(b'x')
+    # 176x144 is smaller than --size 240: enlarged, aspect ratio kept
+    write_video(videos / 'small.mp4', n_frames=2, width=176, height=144)
+    write_video(videos / 'fast.avi', n_frames=12, fps=25)
+    img = frame_image(0, 32, 24)
+    img[:4, :6] = (0, 255, 0)
+    write_video(videos / 'phone.mp4', images=[img] * 2, rotation=-90)
     generate_video_jpgs.main([str(videos), str(tmp_path / 'jpg'),
-                              'activitynet', '--n_jobs', '1'])
-    assert sorted(os.listdir(tmp_path / 'jpg' / 'v_abc')) == [
-        'image_00001.jpg', 'image_00002.jpg', 'image_00003.jpg']
-    assert '-threads' not in fake_ffmpeg.read_text()
+                              'activitynet', '--n_jobs', '2'])
+    assert Image.open(tmp_path / 'jpg' / 'small' / 'image_00001.jpg').size == (293, 240)
+    # rotated: stored 32x24, shown upright as 24x32 -> short side 240
+    phone = Image.open(tmp_path / 'jpg' / 'phone' / 'image_00001.jpg')
+    assert phone.size == (240, 320)
+    green = np.asarray(phone)[..., 1] > 200
+    assert green[:40, -60:].mean() > 0.5 and green[-40:, :60].mean() < 0.1
+    generate_video_jpgs.main([str(videos), str(tmp_path / 'half'), 'activitynet',
+                              '--n_jobs', '1', '--fps', '12.5', '--size', '-1'])
+    frames = jpg_folder(tmp_path / 'half' / 'fast')
+    assert len(frames) == 6  # 12 frames at 25 fps = 0.48 s at 12.5 fps
+    assert [frame_level(Image.open(tmp_path / 'half' / 'fast' / f)) for f in frames] == \
+        [0, 2, 4, 6, 8, 10]
+    assert Image.open(tmp_path / 'half' / 'fast' / frames[0]).size == (32, 24)
 
 
-def test_generate_video_jpgs_without_ffmpeg(tmp_path, monkeypatch):
-    monkeypatch.setenv('PATH', str(tmp_path))
-    with pytest.raises(SystemExit, match='ffmpeg was not found'):
-        generate_video_jpgs.main([str(tmp_path), str(tmp_path / 'o'),
-                                  'kinetics'])
+def test_generate_video_jpgs_no_videos(tmp_path):
+    with pytest.raises(SystemExit, match='no video file found'):
+        generate_video_jpgs.main([str(tmp_path), str(tmp_path / 'o'), 'kinetics'])
 
 
-def test_ffmpeg_command():
-    cmd = ffmpeg_command('in.mp4', 'out/image_%05d.jpg', fps=-1, size=240)
-    assert cmd[cmd.index('-i') + 1] == 'in.mp4'
-    # Short side 240, long side from the aspect ratio rounded to even.
-    assert cmd[cmd.index('-vf') + 1] == (
-        "scale='if(gt(iw,ih),-2,240)':'if(gt(iw,ih),240,-2)'")
-    assert cmd[-3:] == ['-q:v', '1', 'out/image_%05d.jpg']
-    assert '-vf' not in ffmpeg_command('a', 'b', fps=-1, size=0)
-
-
-@needs_ffmpeg
-def test_real_ffmpeg_jpgs_and_hdf5(tmp_path):
-    videos = tmp_path / 'videos' / 'cls'
-    videos.mkdir(parents=True)
-    subprocess.run(['ffmpeg', '-nostdin', '-loglevel', 'error', '-f', 'lavfi',
-                    '-i', 'testsrc=size=320x180:rate=5', '-t', '1',
-                    '-pix_fmt', 'yuv420p', str(videos / 'clip.mp4')],
-                   check=True)
-    generate_video_jpgs.main([str(tmp_path / 'videos'), str(tmp_path / 'jpg'),
-                              'kinetics', '--n_jobs', '1'])
-    frames = sorted((tmp_path / 'jpg' / 'cls' / 'clip').iterdir())
-    assert 4 <= len(frames) <= 6  # 1 s at 5 fps
-    # Short side 240; the long one keeps 16:9, rounded to an even number.
-    width, height = Image.open(frames[0]).size
-    assert height == 240 and width % 2 == 0 and abs(width - 426.7) < 2
-
-    generate_video_hdf5.main([str(tmp_path / 'videos'), str(tmp_path / 'h5'),
-                              'kinetics', '--from_video', '--size', '112'])
-    with h5py.File(tmp_path / 'h5' / 'cls' / 'clip.hdf5', 'r') as f:
-        assert f['video'].shape == (len(frames),)
-        width, height = Image.open(io.BytesIO(f['video'][0].tobytes())).size
-        assert height == 112 and width % 2 == 0 and abs(width - 199.1) < 2
-    assert sorted(os.listdir(tmp_path / 'h5' / 'cls')) == ['clip.hdf5']
+def test_generate_video_hdf5_from_video(tmp_path, video_tree, capsys):
+    h5 = tmp_path / 'h5'
+    argv = [str(video_tree), str(h5), 'ucf101', '--from_video', '--n_jobs', '2',
+            '--size', '12']
+    with pytest.raises(SystemExit, match='1 video'):
+        generate_video_hdf5.main(argv)
+    assert 'broken.mp4' in capsys.readouterr().err
+    # one pass, same bytes as the jpg tool writes
+    generate_video_jpgs.main([str(video_tree / 'Alpha'), str(tmp_path / 'jpg'),
+                              'activitynet', '--size', '12'])
+    with h5py.File(h5 / 'Alpha' / 'v1.hdf5', 'r') as f:
+        assert f['video'].shape == (12,)
+        for i in range(12):
+            assert f['video'][i].tobytes() == (
+                tmp_path / 'jpg' / 'v1' / f'image_{i + 1:05d}.jpg').read_bytes()
+    assert sorted(p.name for p in h5.rglob('*')) == [
+        'Alpha', 'Bravo', 'v1.hdf5', 'v2.hdf5', 'v3.hdf5']  # no temp file left
+    with pytest.raises(SystemExit):
+        generate_video_hdf5.main(argv)
+    assert '0 converted, 3 already done, 1 failed' in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ eval_accuracy

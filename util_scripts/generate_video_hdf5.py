@@ -8,29 +8,49 @@ becomes dst_path/<class>/<video>.hdf5 with one dataset 'video' of
 variable-length uint8: element i holds the unchanged JPEG bytes of
 image_{i+1:05d}.jpg. ActivityNet is flat (dir_path/<video>/ ->
 dst_path/<video>.hdf5). With --from_video, dir_path holds the videos
-themselves (as for generate_video_jpgs) and ffmpeg extracts each into a
-temporary folder first. Existing hdf5 files are skipped.
+themselves (as for generate_video_jpgs): each is decoded with PyAV (no
+ffmpeg binary) and its frames JPEG-encoded straight into the file, in one
+pass. Files are written under a temporary name and renamed, so existing hdf5
+files are complete and skipped; the summary names every video that failed.
 """
 import argparse
 import os
-import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from datasets.annotation import DataError
+
+from .generate_video_jpgs import add_frame_options, decoder_threads
 from .utils import (
     DATASETS,
     contiguous_frames,
-    extract_frames,
+    encoded_frames,
     fail,
     frame_numbers,
     list_videos,
-    n_jobs_value,
     require_dir,
-    require_ffmpeg,
     run_conversions,
 )
+
+
+def write_hdf5(frames, dst_file):
+    """Write the JPEG byte strings `frames` as dataset 'video' of dst_file,
+    under a temporary name renamed at the end, so an interrupted run leaves
+    no half file that a rerun would take as done."""
+    data = np.empty(len(frames), dtype=object)
+    for i, jpeg in enumerate(frames):
+        data[i] = np.frombuffer(jpeg, dtype=np.uint8)
+    tmp = dst_file.with_name(dst_file.name + '.tmp')
+    try:
+        with h5py.File(tmp, 'w') as h5:
+            h5.create_dataset('video', data=data,
+                              dtype=h5py.vlen_dtype(np.uint8))
+        os.replace(tmp, dst_file)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def pack_frames(frame_dir, dst_file):
@@ -44,22 +64,12 @@ def pack_frames(frame_dir, dst_file):
         # frame, so refuse rather than write a misaligned file.
         return (f'image_{n + 1:05d}.jpg is missing in {frame_dir}; '
                 'extract the video again')
-    frames = np.empty(n, dtype=object)
+    frames = []
     for i in range(n):
         with open(os.path.join(frame_dir, f'image_{i + 1:05d}.jpg'),
                   'rb') as f:
-            frames[i] = np.frombuffer(f.read(), dtype=np.uint8)
-    # Written under a temporary name and renamed, so an interrupted run
-    # leaves no half file that a rerun would take as done.
-    tmp = dst_file.with_name(dst_file.name + '.tmp')
-    try:
-        with h5py.File(tmp, 'w') as h5:
-            h5.create_dataset('video', data=frames,
-                              dtype=h5py.vlen_dtype(np.uint8))
-        os.replace(tmp, dst_file)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+            frames.append(f.read())
+    write_hdf5(frames, dst_file)
     return None
 
 
@@ -72,17 +82,17 @@ def convert_frame_dir(job):
 
 
 def convert_video_file(job):
-    video, dst_file, fps, size, threads = job
+    video, dst_file, fps, size, quality, threads = job
     if dst_file.exists():
         return video, 'skipped', None
-    # Frames go next to the destination: the user chose that disk for the
-    # dataset, while /tmp is often a small RAM disk.
-    with tempfile.TemporaryDirectory(dir=dst_file.parent,
-                                     prefix=f'.{dst_file.stem}.') as tmp:
-        _, error = extract_frames(video, tmp, fps, size, threads)
-        if error is None:
-            error = pack_frames(tmp, dst_file)
-    return video, 'failed' if error else 'converted', error
+    try:
+        frames = list(encoded_frames(video, fps, size, quality, threads))
+    except DataError as e:
+        return video, 'failed', str(e)
+    if not frames:
+        return video, 'failed', 'no frame decoded (no video frames?)'
+    write_hdf5(frames, dst_file)
+    return video, 'converted', f'{len(frames)} frames'
 
 
 def list_frame_dirs(dir_path, dataset):
@@ -112,14 +122,9 @@ def build_parser():
     parser.add_argument('--n_jobs', type=int, default=-1,
                         help='parallel processes (-1: all cores)')
     parser.add_argument('--from_video', action='store_true',
-                        help='read video files with ffmpeg instead of '
-                        'frame folders')
-    parser.add_argument('--fps', type=float, default=-1,
-                        help='with --from_video: output frame rate '
-                        '(-1: keep the original)')
-    parser.add_argument('--size', type=int, default=240,
-                        help='with --from_video: short side in pixels '
-                        '(<= 0: keep the original size)')
+                        help='decode video files (PyAV) instead of reading '
+                        'frame folders; --fps/--size/--quality apply then')
+    add_frame_options(parser)
     return parser
 
 
@@ -127,11 +132,10 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     layout = '<video>' if args.dataset == 'activitynet' else '<class>/<video>'
     if args.from_video:
-        require_ffmpeg()
         require_dir(args.dir_path, 'dir_path', 'give the folder of the videos')
-        threads = 1 if n_jobs_value(args.n_jobs) > 1 else 0
+        threads = decoder_threads(args.n_jobs)
         jobs = [(video, args.dst_path / rel / f'{video.stem}.hdf5', args.fps,
-                 args.size, threads)
+                 args.size, args.quality, threads)
                 for rel, video in list_videos(args.dir_path, args.dataset)]
         func, what = convert_video_file, f'video file ({layout}.mp4/.avi/...)'
     else:

@@ -53,8 +53,9 @@ def main(argv=None):
                         help='directory with <class>_test_split{1,2,3}.txt '
                         '(testTrainMulti_7030_splits)')
     parser.add_argument('video_path', type=Path,
-                        help='frame root: <label>/<video_id>/image_*.jpg '
-                        '(or <label>/<video_id>.hdf5); used to count frames')
+                        help='frame root: <label>/<video_id>/image_*.jpg, '
+                        '<label>/<video_id>.hdf5 or video files <label>/'
+                        '<video_id>.avi (.mp4, ...); used to count frames')
     parser.add_argument('dst_path', type=Path,
                         help='directory for hmdb51_N.json (created)')
     args = parser.parse_args(argv)
@@ -62,7 +63,7 @@ def main(argv=None):
     require_dir(args.dir_path, 'HMDB-51 split directory',
                 'it should hold brush_hair_test_split1.txt, ...')
     require_dir(args.video_path, 'video_path',
-                'extract frames first with util_scripts.generate_video_jpgs')
+                'the frames (util_scripts.generate_video_jpgs) or the videos')
     splits = find_split_files(args.dir_path)
     if not splits:
         fail(f'no <class>_test_split{{1,2,3}}.txt file in {args.dir_path}; '

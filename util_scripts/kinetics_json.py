@@ -1,25 +1,26 @@
 """Build a Kinetics annotation JSON from the official CSV files.
 
-python -m util_scripts.kinetics_json train_csv val_csv test_csv video_path {jpg,hdf5} dst_json
-python -m util_scripts.kinetics_json csv_dir n_classes video_path {jpg,hdf5} dst_json
+python -m util_scripts.kinetics_json train_csv val_csv test_csv video_path {jpg,hdf5,video} dst_json
+python -m util_scripts.kinetics_json csv_dir n_classes video_path {jpg,hdf5,video} dst_json
 
 The second form is the predecessor's: the CSVs are
 csv_dir/kinetics-<n_classes>_{train,val,test}.csv. The test CSV is optional
 (a path that does not exist gives no testing subset). CSV columns:
 label,youtube_id,time_start,time_end,split[,is_cc]; the test CSV has no label.
-Video ids are <youtube_id>_<start:06d>_<end:06d>; frames are looked up
-under video_path/<label>/ (test videos under video_path/test/), and videos
+Video ids are <youtube_id>_<start:06d>_<end:06d>; frames (or, with video,
+the video files <id>.mp4/.avi/.webm/.mkv, for --file_type video) are looked
+up under video_path/<label>/ (test videos under video_path/test/), and videos
 not on disk are left out.
 """
 import argparse
 import csv
 from pathlib import Path
 
-from .utils import add_segments, fail, require_dir, require_file, write_annotation
+from .utils import VIDEO_TYPES, add_segments, fail, require_dir, require_file, write_annotation
 
-USAGE = ('%(prog)s train_csv val_csv test_csv video_path {jpg,hdf5} '
-         'dst_json\n       %(prog)s csv_dir n_classes video_path {jpg,hdf5} '
-         'dst_json   (predecessor form)')
+USAGE = ('%(prog)s train_csv val_csv test_csv video_path {jpg,hdf5,video} '
+         'dst_json\n       %(prog)s csv_dir n_classes video_path '
+         '{jpg,hdf5,video} dst_json   (predecessor form)')
 
 
 def read_rows(csv_path, need_label):
@@ -86,7 +87,7 @@ def parse_args(argv):
         'files and the extracted frames (jpg folders or hdf5 files).')
     parser.add_argument('args', nargs='+', metavar='ARG',
                         help='see usage; video type jpg gives 1-based '
-                        'segments [1, n+1], hdf5 0-based [0, n]')
+                        'segments [1, n+1], hdf5 and video 0-based [0, n]')
     args = parser.parse_args(argv).args
     if len(args) == 6:
         train, val, test, video_path, video_type, dst = args
@@ -98,8 +99,9 @@ def parse_args(argv):
     else:
         parser.error(f'expected 6 arguments (or the predecessor\'s 5), '
                      f'got {len(args)}: {" ".join(args)}')
-    if video_type not in ('jpg', 'hdf5'):
-        parser.error(f'video_type must be jpg or hdf5, got {video_type!r}')
+    if video_type not in VIDEO_TYPES:
+        parser.error(f'video_type must be one of {", ".join(VIDEO_TYPES)}, '
+                     f'got {video_type!r}')
     return (Path(train), Path(val), Path(test), Path(video_path), video_type,
             Path(dst))
 
@@ -110,7 +112,7 @@ def main(argv=None):
     require_file(train, 'training CSV', hint)
     require_file(val, 'validation CSV', hint)
     require_dir(video_path, 'video_path',
-                'extract frames first with util_scripts.generate_video_jpgs')
+                'the frames (util_scripts.generate_video_jpgs) or the videos')
     labels, database = convert(train, val, test, video_path, video_type)
     write_annotation(dst, labels, database)
 

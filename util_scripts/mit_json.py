@@ -56,8 +56,9 @@ def main(argv=None):
                         'trainingSet.csv, validationSet.csv '
                         '(testingSet.csv optional)')
     parser.add_argument('video_path', type=Path,
-                        help='frame root: <label>/<video_id>/image_*.jpg '
-                        '(or <label>/<video_id>.hdf5); used to count frames')
+                        help='frame root: <label>/<video_id>/image_*.jpg, '
+                        '<label>/<video_id>.hdf5 or video files <label>/'
+                        '<video_id>.avi (.mp4, ...); used to count frames')
     parser.add_argument('dst_path', type=Path,
                         help='JSON file to write')
     args = parser.parse_args(argv)
@@ -69,7 +70,7 @@ def main(argv=None):
     train = require_file(d / 'trainingSet.csv', 'trainingSet.csv', hint)
     val = require_file(d / 'validationSet.csv', 'validationSet.csv', hint)
     require_dir(args.video_path, 'video_path',
-                'extract frames first with util_scripts.generate_video_jpgs')
+                'the frames (util_scripts.generate_video_jpgs) or the videos')
 
     labels = load_labels(categories)
     database = load_subset(train, 'training')

@@ -4,7 +4,8 @@ python -m util_scripts.ucf101_json dir_path video_path dst_path
 
 dir_path holds the official classInd.txt, trainlist0{1,2,3}.txt and
 testlist0{1,2,3}.txt; video_path the frames (<label>/<video_id>/image_*.jpg,
-or <label>/<video_id>.hdf5). testlist videos become the 'validation' subset.
+<label>/<video_id>.hdf5) or the videos themselves (<label>/<video_id>.avi,
+for --file_type video). testlist videos become the 'validation' subset.
 """
 import argparse
 from pathlib import Path
@@ -62,8 +63,9 @@ def main(argv=None):
                         help='directory with classInd.txt, trainlist0N.txt, '
                         'testlist0N.txt (ucfTrainTestlist)')
     parser.add_argument('video_path', type=Path,
-                        help='frame root: <label>/<video_id>/image_*.jpg '
-                        '(or <label>/<video_id>.hdf5); used to count frames')
+                        help='frame root: <label>/<video_id>/image_*.jpg, '
+                        '<label>/<video_id>.hdf5 or video files <label>/'
+                        '<video_id>.avi (.mp4, ...); used to count frames')
     parser.add_argument('dst_path', type=Path,
                         help='directory for ucf101_0N.json (created)')
     args = parser.parse_args(argv)
@@ -73,7 +75,7 @@ def main(argv=None):
     require_file(args.dir_path / 'classInd.txt', 'classInd.txt',
                  'give the ucfTrainTestlist directory as dir_path')
     require_dir(args.video_path, 'video_path',
-                'extract frames first with util_scripts.generate_video_jpgs')
+                'the frames (util_scripts.generate_video_jpgs) or the videos')
 
     done = 0
     for split_index in (1, 2, 3):

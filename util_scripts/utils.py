@@ -4,15 +4,18 @@ Only these scripts use this module; the training code has its own loaders.
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
 from multiprocessing.pool import Pool, ThreadPool
 from pathlib import Path
 
-from datasets.annotation import hdf5_frame_count
+import numpy as np
+import torch
+from tqdm import tqdm
 
-# Containers ffmpeg reads that show up in the supported datasets' archives.
+from datasets.annotation import DataError, hdf5_frame_count
+from datasets.video import VIDEO_EXTENSIONS, count_frames, iter_frames
+
+# Containers PyAV (FFmpeg's libraries) reads that show up in the supported datasets' archives.
 VIDEO_EXTS = {'.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv',
               '.mpg', '.mpeg', '.3gp', '.wmv', '.ogv'}
 
@@ -50,11 +53,11 @@ def n_jobs_value(n_jobs):
     return n_jobs
 
 
-def parallel_map(func, items, n_jobs, processes=False):
-    """Yield func(item) for every item, in completion order.
+def parallel_map(func, items, n_jobs, processes=False, ordered=False):
+    """Yield func(item) for every item, in completion order (or in order).
 
-    Threads suit jobs that wait on a subprocess (ffmpeg); processes suit
-    jobs that hold the h5py lock. n_jobs == 1 runs inline, which keeps
+    Processes suit decoding and h5py (which holds a global lock); threads
+    suit jobs that wait on I/O. n_jobs == 1 runs inline, which keeps
     tracebacks readable and lets tests run in-process.
     """
     items = list(items)
@@ -65,28 +68,31 @@ def parallel_map(func, items, n_jobs, processes=False):
         return
     pool_cls = Pool if processes else ThreadPool
     with pool_cls(n_jobs) as pool:
-        yield from pool.imap_unordered(func, items)
+        yield from (pool.imap if ordered else pool.imap_unordered)(func, items)
 
 
-def run_conversions(jobs, func, n_jobs, processes=False):
-    """Run conversion jobs (func(job) -> (source, status, message)), print
-    progress and failures, and exit non-zero if any failed."""
+def run_conversions(jobs, func, n_jobs, processes=False, max_listed=None):
+    """Run conversion jobs (func(job) -> (source, status, message)) under a
+    progress bar, then print a summary naming every video that failed and
+    why; exit non-zero if any failed."""
     counts = {'converted': 0, 'skipped': 0, 'failed': 0}
+    failures = []
     for folder in {job[1].parent for job in jobs}:
         folder.mkdir(parents=True, exist_ok=True)
-    step = max(1, len(jobs) // 100)
-    for i, (source, status, message) in enumerate(
-            parallel_map(func, jobs, n_jobs, processes), 1):
+    results = parallel_map(func, jobs, n_jobs, processes)
+    for source, status, message in tqdm(results, total=len(jobs),
+                                         unit='video', mininterval=1.0):
         counts[status] += 1
         if status == 'failed':
-            print(f'failed: {source}: {message}', file=sys.stderr)
-        if i % step == 0 or i == len(jobs):
-            print(f'[{i}/{len(jobs)}] {source.name}: {status}', flush=True)
+            failures.append(f'{source}: {message}')
     print(f'{counts["converted"]} converted, {counts["skipped"]} already '
           f'done, {counts["failed"]} failed')
-    if counts['failed']:
-        fail(f'{counts["failed"]} video(s) failed; rerun to retry them '
-             '(finished ones are skipped)')
+    if failures:
+        print(f'{len(failures)} video(s) failed:', file=sys.stderr)
+        for line in failures[:max_listed]:
+            print(f'  {line}', file=sys.stderr)
+        fail(f'{len(failures)} video(s) failed (listed above); rerun to '
+             'retry them (finished ones are skipped)')
     return counts
 
 
@@ -156,134 +162,158 @@ PROBLEMS = {
     'empty': 'without frames, skipped',
     'unreadable': "unreadable or without a 'video' dataset, skipped",
     'gap': 'with a missing frame, segment cut before the gap',
+    'undecodable': 'video files that cannot be decoded, skipped',
 }
+VIDEO_TYPES = ('jpg', 'hdf5', 'video')
+
+
+def find_video_file(base):
+    """base + the first of VIDEO_EXTS that exists (.mp4, .avi, ...), or None."""
+    for ext in VIDEO_EXTENSIONS + tuple(sorted(set(VIDEO_EXTS) - set(VIDEO_EXTENSIONS))):
+        if os.path.isfile(base + ext):
+            return base + ext
+    return None
+
+
+def video_file_segment(path):
+    """(segment, problem, how): 0-based [0, n] as for hdf5 (frame p is the
+    p-th decoded frame); how says whether n came from the container header
+    or from decoding (datasets.video.count_frames)."""
+    try:
+        n, how = count_frames(path)
+    except DataError:
+        return None, 'undecodable', None
+    if n == 0:
+        return None, 'empty', how
+    return [0, n], None, how
 
 
 def video_segment(video_root, label_dir, video_id, video_type=None):
-    """Return (segment, problem) for one video on disk.
+    """Return (segment, problem, how) for one video on disk.
 
-    jpg folders give the 1-based [1, n + 1], hdf5 files the 0-based [0, n]
-    (data_formats.md). video_type None looks for a folder first, then a
-    .hdf5 file. problem is None or a key of PROBLEMS; segment is None
-    when the video cannot be used at all.
+    jpg folders give the 1-based [1, n + 1], hdf5 files and video files the
+    0-based [0, n] (data_formats.md). video_type None looks for a folder,
+    then a .hdf5 file, then a video file. problem is None or a key of
+    PROBLEMS; segment is None when the video cannot be used at all; how is
+    'container' or 'decoded' for video files, else None.
     """
     base = os.path.join(video_root, label_dir, video_id)
     if video_type in (None, 'jpg') and os.path.isdir(base):
         numbers = frame_numbers(base)
         n = contiguous_frames(numbers)
         if n == 0:
-            return None, 'empty'
+            return None, 'empty', None
         if n != len(numbers):
             # A gap would make the loader ask for a frame that is not
             # there; stop the segment before the first missing frame.
-            return [1, n + 1], 'gap'
-        return [1, n + 1], None
+            return [1, n + 1], 'gap', None
+        return [1, n + 1], None, None
     if video_type in (None, 'hdf5') and os.path.isfile(base + '.hdf5'):
         try:
             n = hdf5_n_frames(base + '.hdf5')
         except OSError:
             n = None
         if n is None:
-            return None, 'unreadable'
+            return None, 'unreadable', None
         if n == 0:
-            return None, 'empty'
-        return [0, n], None
-    return None, 'missing'
+            return None, 'empty', None
+        return [0, n], None, None
+    if video_type in (None, 'video'):
+        path = find_video_file(base)
+        if path is not None:
+            return video_file_segment(path)
+    return None, 'missing', None
 
 
 def add_segments(database, video_root, video_type=None, max_listed=5):
-    """Fill annotations['segment'] from the frames on disk.
+    """Fill annotations['segment'] from the frames (or video files) on disk.
 
     Videos that are missing or have no frames are dropped from database
     (the loader could not use them) and counted in a printed summary.
     Exits with an error when none is found, which almost always means a
     wrong video_path. Returns the number dropped.
     """
-    problems = {}
-    dropped = []
-    for video_id, entry in database.items():
-        annotations = entry['annotations']
-        label_dir = annotations.get('label', TEST_FOLDER)
-        segment, problem = video_segment(video_root, label_dir, video_id,
-                                         video_type)
+    def measure(item):
+        video_id, entry = item
+        label_dir = entry['annotations'].get('label', TEST_FOLDER)
+        return (video_id, label_dir,
+                *video_segment(video_root, label_dir, video_id, video_type))
+
+    problems, dropped, counted = {}, [], {}
+    # threads: counting frames of video files decodes them (FFmpeg runs
+    # without the GIL), and stats on network file systems wait
+    for video_id, label_dir, segment, problem, how in parallel_map(
+            measure, list(database.items()), -1, ordered=True):
         if problem is not None:
             problems.setdefault(problem, []).append(f'{label_dir}/{video_id}')
+        if how is not None:
+            counted[how] = counted.get(how, 0) + 1
         if segment is None:
             dropped.append(video_id)
         else:
-            annotations['segment'] = segment
+            database[video_id]['annotations']['segment'] = segment
     for video_id in dropped:
         del database[video_id]
-
-    for problem, names in problems.items():
-        listed = ', '.join(names[:max_listed])
-        if len(names) > max_listed:
-            listed += f', ... ({len(names) - max_listed} more)'
-        print(f'{len(names)} video(s) {PROBLEMS[problem]}: {listed}',
-              file=sys.stderr)
+    print_problems(problems, max_listed)
+    if counted:
+        print('frame counts of video files: ' + ', '.join(
+            f'{n} {COUNT_SOURCES[how]}' for how, n in sorted(counted.items())))
     if not database and dropped:
         layout = {'jpg': '<label>/<video_id>/image_00001.jpg',
-                  'hdf5': '<label>/<video_id>.hdf5'}.get(
-                      video_type, '<label>/<video_id>/image_00001.jpg or '
-                      '<label>/<video_id>.hdf5')
+                  'hdf5': '<label>/<video_id>.hdf5',
+                  'video': '<label>/<video_id>.mp4 (or .avi, ...)'}.get(
+                      video_type, '<label>/<video_id>/image_00001.jpg, '
+                      '<label>/<video_id>.hdf5 or <label>/<video_id>.mp4')
         fail(f'none of the {len(dropped)} listed videos was found under '
              f'{video_root}; expected {layout} there (test videos under '
              f'{TEST_FOLDER}/). Check video_path.')
     return len(dropped)
 
 
-# ---------------------------------------------------------------- ffmpeg
-
-def require_ffmpeg():
-    path = shutil.which('ffmpeg')
-    if path is None:
-        fail('ffmpeg was not found on PATH. Install it (e.g. '
-             '`apt-get install ffmpeg` or `conda install -c conda-forge '
-             'ffmpeg`) and run again.')
-    return path
+COUNT_SOURCES = {
+    'container': 'from the container header (MP4/MOV: exact)',
+    'decoded': 'by decoding every frame (AVI/WebM/MKV headers are not exact)'}
 
 
-def ffmpeg_command(video_path, out_pattern, fps=-1, size=240, threads=0):
-    """ffmpeg arguments that write every frame as a quality-1 JPEG.
+def print_problems(problems, max_listed):
+    for problem, names in problems.items():
+        listed = ', '.join(names[:max_listed])
+        if len(names) > max_listed:
+            listed += f', ... ({len(names) - max_listed} more)'
+        print(f'{len(names)} video(s) {PROBLEMS[problem]}: {listed}',
+              file=sys.stderr)
 
-    The short side becomes `size` and the other keeps the aspect ratio,
-    rounded to an even number (-2); size <= 0 keeps the original size.
-    fps > 0 resamples with the fps filter (drops/duplicates frames).
+
+# ---------------------------------------------------------------- decoding
+
+def extract_frames(video_path, out_dir, fps=-1, size=240, quality=95,
+                   threads=0):
+    """Decode video_path with PyAV (no ffmpeg binary) into out_dir (created)
+    as image_00001.jpg, ...; return the number of frames.
+
+    Every frame once, in order (fps > 0 resamples), upright, short side
+    resized to `size` keeping the aspect ratio (size <= 0 keeps it).
+    Raises DataError naming the file when it cannot be decoded.
     """
-    filters = []
-    if fps is not None and fps > 0:
-        filters.append(f'fps={fps:g}')
-    if size is not None and size > 0:
-        filters.append(f"scale='if(gt(iw,ih),-2,{size})'"
-                       f":'if(gt(iw,ih),{size},-2)'")
-    cmd = ['ffmpeg', '-nostdin', '-hide_banner', '-loglevel', 'error', '-y',
-           '-i', str(video_path)]
-    if filters:
-        cmd += ['-vf', ','.join(filters)]
-    if threads > 0:
-        cmd += ['-threads', str(threads)]
-    cmd += ['-q:v', '1', str(out_pattern)]
-    return cmd
-
-
-def extract_frames(video_path, out_dir, fps=-1, size=240, threads=0):
-    """Run ffmpeg into out_dir (created); return (n_frames, error_or_None)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ffmpeg_command(video_path, out_dir / 'image_%05d.jpg', fps, size,
-                         threads)
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
-    except OSError as e:
-        return 0, f'could not run ffmpeg: {e}'
-    n = len(frame_numbers(out_dir))
-    if proc.returncode != 0:
-        tail = proc.stderr.decode('utf-8', 'replace').strip()[-500:]
-        return n, f'ffmpeg exited with {proc.returncode}: {tail}'
+    n = 0
+    for n, jpeg in enumerate(encoded_frames(video_path, fps, size, quality,
+                                            threads), 1):
+        (out_dir / f'image_{n:05d}.jpg').write_bytes(jpeg)
     if n == 0:
-        return 0, 'ffmpeg wrote no frame (no video stream?)'
-    return n, None
+        raise DataError(f'{video_path}: no frame decoded (no video frames?)')
+    return n
+
+
+def encoded_frames(video_path, fps=-1, size=240, quality=95, threads=0):
+    """JPEG bytes of every frame of the video (see extract_frames)."""
+    from torchvision.io import encode_jpeg
+    for array in iter_frames(video_path, fps=fps if fps and fps > 0 else None,
+                             short_side=size if size and size > 0 else None,
+                             threads=threads):
+        chw = torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
+        yield encode_jpeg(chw, quality=quality).numpy().tobytes()
 
 
 def list_videos(dir_path, dataset):
@@ -304,11 +334,19 @@ def list_videos(dir_path, dataset):
                   f'{dir_path} ignored; {dataset} expects '
                   f'<class>/<video> (use dataset activitynet for a flat '
                   f'folder)', file=sys.stderr)
-    videos = []
+    videos, others = [], []
     for rel, folder in folders:
         for f in sorted(folder.iterdir()):
             # Hidden files include macOS '._x.mp4' resource forks.
-            if (f.is_file() and f.suffix.lower() in VIDEO_EXTS
-                    and not f.name.startswith('.')):
+            if not f.is_file() or f.name.startswith('.'):
+                continue
+            if f.suffix.lower() in VIDEO_EXTS:
                 videos.append((rel, f))
+            else:
+                others.append(str(rel / f.name))
+    if others:
+        listed = ', '.join(others[:5]) + (
+            f', ... ({len(others) - 5} more)' if len(others) > 5 else '')
+        print(f'note: {len(others)} file(s) that are not videos ignored: '
+              f'{listed}', file=sys.stderr)
     return videos
