@@ -14,8 +14,10 @@ Formats (see the project's data-format notes):
 Frame *positions* inside the library are 0-based: position ``p`` is
 ``image_{p+1:05d}.jpg`` in a jpg folder and element ``p`` of an hdf5 file.
 
-Building records does not touch the file system (no stat per video);
-:func:`check_videos` verifies the videos up front with one stat per video.
+Building records does not touch the file system (no stat per video; for
+``file_type='video'`` one listing per class folder finds each video's
+extension); :func:`check_videos` verifies the videos up front with one stat
+(jpg) or one open (hdf5, video) per video.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ STANDARD_DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'synthetic')
 SUBSETS = ('training', 'validation', 'testing')
 # The short names of --inference_subset and the tools' --subset.
 SUBSET_NAMES = {'train': 'training', 'val': 'validation', 'test': 'testing'}
+FILE_TYPES = ('jpg', 'hdf5', 'video')
 # ActivityNet: segments with fewer frames than this are dropped (as the predecessor did).
 ACTIVITYNET_MIN_FRAMES = 8
 
@@ -151,8 +154,9 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
                      file_type: str = 'jpg') -> tuple[list[VideoRecord], list[str]]:
     """Records of ``subset`` ('training' | 'validation' | 'testing') and the class names.
 
-    Paths: ``<video_path>/<label>/<video_id>`` (jpg) or ``...<video_id>.hdf5``
-    (hdf5); entries without a label (test set) live under
+    Paths: ``<video_path>/<label>/<video_id>`` (jpg), ``...<video_id>.hdf5``
+    (hdf5) or ``...<video_id>.mp4`` / ``.avi`` / ``.webm`` / ``.mkv`` (video: the
+    first that exists); entries without a label (test set) live under
     ``<video_path>/test/``; an entry's ``video_path`` key overrides (relative to
     ``video_path`` unless absolute).  ActivityNet: ``<video_path>/v_<video_id>``.
 
@@ -162,8 +166,8 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
     """
     if subset not in SUBSETS:
         raise DataError(f"subset must be one of {SUBSETS}, got {subset!r}")
-    if file_type not in ('jpg', 'hdf5'):
-        raise DataError(f"file_type must be 'jpg' or 'hdf5', got {file_type!r}")
+    if file_type not in FILE_TYPES:
+        raise DataError(f"file_type must be one of {FILE_TYPES}, got {file_type!r}")
     data = _read_json(annotation_path)
     class_names = _class_names(data, annotation_path)
     database = data['database']
@@ -185,7 +189,7 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
 
 def _standard_records(database, class_names, path, subset, video_path, file_type):
     class_ids = {name: i for i, name in enumerate(class_names)}
-    suffix = '.hdf5' if file_type == 'hdf5' else ''
+    suffix = _suffixer(file_type)
     records = []
     skipped = 0
     for video_id, entry in database.items():
@@ -203,10 +207,10 @@ def _standard_records(database, class_names, path, subset, video_path, file_type
                     f'video {video_id} in {path} has label {label_name!r}, which is not in '
                     f'the file\'s "labels" list: add it to "labels" or fix the entry')
             label = class_ids[label_name]
-            default = video_path / label_name / f'{video_id}{suffix}'
+            default = suffix(video_path / label_name, video_id)
         else:
             label = -1
-            default = video_path / 'test' / f'{video_id}{suffix}'
+            default = suffix(video_path / 'test', video_id)
         vpath = _resolve(video_path, entry, default)
         segment = ann.get('segment')
         if segment is None:
@@ -214,7 +218,7 @@ def _standard_records(database, class_names, path, subset, video_path, file_type
             if n is None:
                 skipped += 1
                 continue
-            segment = (1, n + 1) if file_type == 'jpg' else (0, n)
+            segment = (1, n + 1) if file_type == 'jpg' else (0, n)  # hdf5/video: 0-based
         try:
             begin, end = int(segment[0]), int(segment[1])
         except (TypeError, ValueError, IndexError):
@@ -235,9 +239,46 @@ def _standard_records(database, class_names, path, subset, video_path, file_type
     return records
 
 
+def _suffixer(file_type: str):
+    """(folder, video_id) -> path of the video: jpg folder, .hdf5 file, or the video
+    file with the first of VIDEO_EXTENSIONS present (one listing per folder;
+    '.mp4' when none is, which check_videos then reports)."""
+    if file_type == 'jpg':
+        return lambda folder, video_id: folder / video_id
+    if file_type == 'hdf5':
+        return lambda folder, video_id: folder / f'{video_id}.hdf5'
+    from datasets.video import VIDEO_EXTENSIONS
+    rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
+    listings: dict[Path, dict[str, str]] = {}
+
+    def listing(folder: Path) -> dict[str, str]:
+        names: dict[str, str] = {}
+        try:
+            entries = sorted(os.listdir(folder),
+                             key=lambda n: rank.get(os.path.splitext(n)[1], len(rank)))
+        except OSError:
+            return names
+        for name in entries:
+            stem, ext = os.path.splitext(name)
+            if ext in rank:
+                names.setdefault(stem, name)  # .mp4 before .avi before ...
+        return names
+
+    def video_file(folder: Path, video_id: str) -> Path:
+        if folder not in listings:
+            listings[folder] = listing(folder)
+        return folder / listings[folder].get(video_id, f'{video_id}{VIDEO_EXTENSIONS[0]}')
+    return video_file
+
+
 def _count_frames(vpath: str, file_type: str):
     """Frame count of a video on disk (only for entries without a segment), None if absent."""
     try:
+        if file_type == 'video':
+            if not os.path.isfile(vpath):
+                return None
+            from datasets.video import count_frames
+            return count_frames(vpath)[0]
         if file_type == 'jpg':
             with os.scandir(vpath) as it:
                 return sum(1 for e in it if e.name.startswith('image_') and
@@ -255,12 +296,12 @@ def _activitynet_records(data, database, class_names, path, subset, video_path, 
     annotations) give one record for the whole video, whose length is the
     entry's ``n_frames`` if present, else floor(duration * fps)."""
     class_ids = {name: i for i, name in enumerate(class_names)}
-    suffix = '.hdf5' if file_type == 'hdf5' else ''
+    suffix = _suffixer(file_type)
     records = []
     for video_id, entry in database.items():
         if not isinstance(entry, dict) or entry.get('subset') != subset:
             continue
-        vpath = _resolve(video_path, entry, video_path / f'v_{video_id}{suffix}')
+        vpath = _resolve(video_path, entry, suffix(video_path, f'v_{video_id}'))
         if 'fps' not in entry:
             raise DataError(f'video {video_id} in {path} has no "fps": add it with the '
                             f'ActivityNet preparation script (util_scripts) after extracting '
@@ -298,8 +339,22 @@ def _activitynet_records(data, database, class_names, path, subset, video_path, 
 
 # ----------------------------------------------------------------------------- checks
 
+def _check_video_file(path: str) -> str | None:
+    """Opens the container.  Its frame count is not compared with the segment:
+    counts differ between tools (an annotation built from ffmpeg-extracted
+    frames may list a frame more) and the loader loop-pads past the real end."""
+    from datasets.video import container_frames
+    try:
+        container_frames(path)
+    except DataError as e:
+        return str(e)
+    return None
+
+
 def _check_one(item) -> str | None:
     path, needed, file_type = item
+    if file_type == 'video':
+        return _check_video_file(path)
     if file_type == 'jpg':
         last = os.path.join(path, frame_file_name(needed - 1))
         try:
@@ -331,7 +386,7 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
     """Verify that every video exists and has the frames its segment needs.
 
     One stat per video (jpg: the last needed ``image_XXXXX.jpg``; hdf5: open
-    and read the length), run on a thread pool so that network file systems
+    and read the length; video: open the container), run on a thread pool so that network file systems
     are fast too.  ``n_sample``: check only that many videos drawn at random
     (fixed seed).  Raises :class:`DataError` listing the first bad videos.
     """

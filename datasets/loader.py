@@ -197,18 +197,26 @@ class Hdf5FlowLoader(Hdf5ClipLoader):
         return torch.cat(planes, dim=1)
 
 
-def make_loader(file_type: str = 'jpg', input_type: str = 'rgb'):
-    """jpg+rgb -> JpgClipLoader, hdf5+rgb -> Hdf5ClipLoader, hdf5+flow -> Hdf5FlowLoader."""
+def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int | None = None):
+    """jpg+rgb -> JpgClipLoader, hdf5+rgb -> Hdf5ClipLoader, hdf5+flow -> Hdf5FlowLoader,
+    video+rgb -> datasets.video.VideoClipLoader (decoded frames resized by FFmpeg to
+    ``short_side`` if given: for transforms that resize the short side first)."""
     if input_type == 'rgb':
         if file_type == 'jpg':
             return JpgClipLoader()
         if file_type == 'hdf5':
             return Hdf5ClipLoader()
+        if file_type == 'video':
+            from datasets.video import VideoClipLoader
+            return VideoClipLoader(short_side=short_side)
     elif input_type == 'flow':
         if file_type == 'hdf5':
             return Hdf5FlowLoader()
         if file_type == 'jpg':
             raise DataError('--input_type flow needs --file_type hdf5 (datasets video_u and '
                             'video_v); flow is not read from jpg folders')
+        if file_type == 'video':
+            raise DataError('--input_type flow needs --file_type hdf5 (datasets video_u and '
+                            'video_v); flow is not read from video files')
     raise DataError(f'unsupported --file_type {file_type!r} / --input_type {input_type!r}: '
-                    f"use jpg or hdf5, rgb or flow")
+                    f"use jpg, hdf5 or video, rgb or flow")

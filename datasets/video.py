@@ -28,8 +28,8 @@ import torch
 
 from datasets.annotation import DataError
 
-__all__ = ['VIDEO_EXTENSIONS', 'read_video', 'iter_frames', 'count_frames', 'VideoClipLoader',
-           'scaled_size']
+__all__ = ['VIDEO_EXTENSIONS', 'VideoClipLoader', 'container_frames', 'count_frames',
+           'iter_frames', 'read_video', 'scaled_size']
 
 # Containers the loader looks for (in this order) at <video_path>/<label>/<video_id>.<ext>.
 VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv')
@@ -183,6 +183,14 @@ def _frame_index(container, stream) -> _FrameIndex:
         return _FrameIndex(None, [], len(pts))
     keys.sort()
     return _FrameIndex(np.sort(np.asarray(pts, dtype=np.int64)), keys, len(pts))
+
+
+def container_frames(path) -> int | None:
+    """The frame count the container's header gives (None if it gives none);
+    opens the file, decodes nothing.  Raises DataError if it is no video."""
+    with _open(os.fspath(path)) as container:
+        n = container.streams.video[0].frames
+    return int(n) if n > 0 else None
 
 
 def count_frames(path, exact: bool = False) -> tuple[int, str]:

@@ -124,3 +124,50 @@ def test_bad_files_raise_a_data_error(tmp_path):
     (tmp_path / 'cut.mp4').write_bytes(data[:len(data) // 3])
     with pytest.raises(DataError, match='cut.mp4'):
         read_video(tmp_path / 'cut.mp4', [5])
+
+
+@pytest.fixture(scope='module')
+def synthetic_videos(tiny_synthetic, tmp_path_factory):
+    """tiny_synthetic written as .avi files (and one class as .mp4)."""
+    from tests.video_files import videos_from_jpgs
+    jpg, annotation = tiny_synthetic
+    root = tmp_path_factory.mktemp('videos')
+    videos_from_jpgs(jpg, root, '.avi', other_ext={'grow': '.mp4'})
+    return root, annotation, root / 'grow' / 'val_grow_000.mp4'
+
+
+def test_annotation_and_dataset_on_video_files(synthetic_videos):
+    from datasets.annotation import check_videos, load_annotations
+    from datasets.loader import make_loader
+    from datasets.temporal_transforms import TemporalEvenCrop
+    from datasets.videodataset import VideoClipDataset
+    root, annotation, mp4 = synthetic_videos
+    records, names = load_annotations(annotation, 'validation', root, 'ucf101',
+                                      file_type='video')
+    paths = {r.path for r in records}
+    assert all(p.endswith('.avi') or p.endswith('.mp4') for p in paths)
+    training, _ = load_annotations(annotation, 'training', root, 'ucf101', file_type='video')
+    assert str(mp4) in {r.path for r in records} | {r.path for r in training}
+    check_videos(records, 'video')
+    dataset = VideoClipDataset(records, make_loader('video'), TemporalEvenCrop(8, 2))
+    clips, label = dataset[0]
+    assert clips.shape == (2, 3, 8, 32, 32) and label == records[0].label
+    full = read_video(records[0].path)
+    assert len(full) == records[0].n_frames == 12
+    # clip 2 is the last 8 frames (starts 0 and 12 - 8 = 4)
+    assert torch.equal(clips[1], full[4:12].permute(1, 0, 2, 3))
+    assert torch.equal(clips[0], full[0:8].permute(1, 0, 2, 3))
+
+
+def test_check_videos_names_missing_and_broken_files(synthetic_videos, tmp_path):
+    from datasets.annotation import check_videos, load_annotations
+    root, annotation, _ = synthetic_videos
+    records, _ = load_annotations(annotation, 'validation', tmp_path, 'ucf101',
+                                  file_type='video')
+    with pytest.raises(DataError, match=r'(?s)12 of 12 videos.*val_move_left_000.mp4 not found'):
+        check_videos(records, 'video')
+    broken = tmp_path / 'broken.mp4'
+    broken.write_bytes(b'x')
+    from datasets.annotation import VideoRecord
+    with pytest.raises(DataError, match='broken.mp4 cannot be opened'):
+        check_videos([VideoRecord('b', str(broken), 0, 8, 0, (0, 8))], 'video')

@@ -55,3 +55,20 @@ def write_video(path, n_frames: int = 12, width: int = 32, height: int = 24, fps
 def red_levels(clip) -> list[int]:
     """Frame indices recovered from a uint8 (T, C, H, W) clip of frame_image frames."""
     return [frame_level(f.permute(1, 2, 0).numpy()) for f in clip]
+
+
+def videos_from_jpgs(jpg_root, dst_root, ext: str = '.mp4', fps: int = 25,
+                     other_ext: dict | None = None) -> Path:
+    """Write every ``<label>/<video_id>/image_*.jpg`` folder under ``jpg_root`` as
+    ``<label>/<video_id><ext>`` under ``dst_root`` (the synthetic set as videos);
+    ``other_ext`` maps labels to another extension."""
+    from PIL import Image
+    jpg_root, dst_root = Path(jpg_root), Path(dst_root)
+    for folder in sorted(p for p in jpg_root.glob('*/*') if p.is_dir()):
+        images = [np.asarray(Image.open(f).convert('RGB'))
+                  for f in sorted(folder.glob('image_*.jpg'))]
+        height, width = images[0].shape[:2]
+        suffix = (other_ext or {}).get(folder.parent.name, ext)
+        write_video(dst_root / folder.parent.name / f'{folder.name}{suffix}', width=width,
+                    height=height, fps=fps, gop=6, images=images)
+    return dst_root
