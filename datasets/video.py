@@ -59,12 +59,13 @@ def _open(path: str):
 
 def scaled_size(width: int, height: int, short_side: int | None) -> tuple[int, int]:
     """(width, height) with the short side made ``short_side`` and the aspect ratio
-    kept (rounded to the nearest pixel); also enlarges.  None or <= 0: unchanged."""
+    kept (long side truncated as torchvision's resize does, so that an eval
+    transform finds the frames at its size); also enlarges.  None or <= 0: unchanged."""
     if not short_side or short_side <= 0:
         return width, height
     if width <= height:
-        return short_side, max(1, round(height * short_side / width))
-    return max(1, round(width * short_side / height)), short_side
+        return short_side, max(1, int(height * short_side / width))
+    return max(1, int(width * short_side / height)), short_side
 
 
 def _quarter_turns(frame) -> int:
@@ -76,7 +77,15 @@ def _quarter_turns(frame) -> int:
     return round((rotation or 0) / 90) % 4
 
 
-def _to_array(frame, short_side: int | None, interpolation: str = 'BILINEAR') -> np.ndarray:
+def _reformatter():
+    """One per loader / video: FFmpeg's scaler context is kept between frames
+    (``frame.to_ndarray(format=...)`` builds a new one per frame: ~10x slower)."""
+    from av.video.reformatter import VideoReformatter
+    return VideoReformatter()
+
+
+def _to_array(frame, short_side: int | None, reformatter,
+              interpolation: str = 'BILINEAR') -> np.ndarray:
     """Upright RGB (H, W, 3) uint8 of ``frame``, short side resized to ``short_side``."""
     turns = _quarter_turns(frame)
     w, h = frame.width, frame.height
@@ -85,11 +94,8 @@ def _to_array(frame, short_side: int | None, interpolation: str = 'BILINEAR') ->
         size = (upright_h, upright_w)
     else:
         size = scaled_size(w, h, short_side)
-    if size != (w, h):
-        array = frame.to_ndarray(format='rgb24', width=size[0], height=size[1],
-                                 interpolation=interpolation)
-    else:
-        array = frame.to_ndarray(format='rgb24')
+    array = reformatter.reformat(frame, format='rgb24', width=size[0], height=size[1],
+                                 interpolation=interpolation).to_ndarray()
     return np.rot90(array, turns) if turns else array
 
 
@@ -122,17 +128,18 @@ def iter_frames(path, fps: float | None = None, short_side: int | None = None,
         stream = container.streams.video[0]
         _set_threads(stream, threads)
         frames = container.decode(stream)
+        convert = _reformatter()
         try:
             if fps is None or fps <= 0:
                 for frame in frames:
-                    yield _to_array(frame, short_side, interpolation)
+                    yield _to_array(frame, short_side, convert, interpolation)
             else:
-                yield from _resample(frames, fps, short_side, interpolation)
+                yield from _resample(frames, fps, short_side, convert, interpolation)
         except av.FFmpegError as e:
             raise DataError(f'video file {path}: decoding failed ({e}): {_REENCODE}') from None
 
 
-def _resample(frames, fps: float, short_side, interpolation) -> Iterator[np.ndarray]:
+def _resample(frames, fps: float, short_side, convert, interpolation) -> Iterator[np.ndarray]:
     """Output slot k (time k / fps from the first frame) takes the last frame that
     started at or before it; the last frame lasts the mean frame duration."""
     start = previous = None
@@ -145,7 +152,7 @@ def _resample(frames, fps: float, short_side, interpolation) -> Iterator[np.ndar
             while produced / fps < t - start - 1e-9:
                 yield previous[1]
                 produced += 1
-        previous = (t, _to_array(frame, short_side, interpolation))
+        previous = (t, _to_array(frame, short_side, convert, interpolation))
         n_in += 1
     if previous is not None:
         mean_duration = (previous[0] - start) / (n_in - 1) if n_in > 1 else 1.0 / fps
@@ -253,11 +260,13 @@ class VideoClipLoader:
         self._open: OrderedDict = OrderedDict()
         self._pid = None
         self.stats: dict = {}  # 'decoded': frames decoded so far in this process
+        self._convert = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state['_open'] = OrderedDict()
         state['_pid'] = None
+        state['_convert'] = None
         return state
 
     def close(self):
@@ -272,7 +281,7 @@ class VideoClipLoader:
 
     def _get(self, path: str):
         if self._pid != os.getpid():  # fresh process: never use a parent's handles
-            self._open, self._pid = OrderedDict(), os.getpid()
+            self._open, self._pid, self._convert = OrderedDict(), os.getpid(), _reformatter()
         entry = self._open.get(path)
         if entry is not None:
             self._open.move_to_end(path)
@@ -294,7 +303,8 @@ class VideoClipLoader:
         positions = _loop_pad([int(p) for p in positions], index.n_frames)
         uniq = sorted(set(positions))
         try:
-            arrays = _decode_positions(container, index, uniq, self.short_side, self.stats)
+            arrays = _decode_positions(container, index, uniq, (self.short_side, self._convert),
+                                       self.stats)
         except _av().FFmpegError as e:
             self._open.pop(path, (container,))[0].close()
             raise DataError(f'video file {path}: decoding failed ({e}): {_REENCODE}') from None
@@ -311,13 +321,14 @@ class VideoClipLoader:
         return clip[torch.tensor([where[p] for p in positions])]
 
 
-def _decode_positions(container, index: _FrameIndex, uniq: list[int], short_side,
+def _decode_positions(container, index: _FrameIndex, uniq: list[int], convert: tuple,
                       stats: dict, seek: bool = True) -> dict[int, np.ndarray]:
     """{position: (H, W, 3) array} of the sorted distinct ``uniq`` positions;
-    counts the frames decoded in ``stats['decoded']``."""
+    ``convert``: (short_side, reformatter); counts the frames decoded in
+    ``stats['decoded']``."""
     stream = container.streams.video[0]
     if index.pts is None:  # no timestamps: count frames from the start
-        return _decode_by_count(container, stream, uniq, short_side)
+        return _decode_by_count(container, stream, uniq, convert)
     wanted = {int(index.pts[p]): p for p in uniq}
     out: dict[int, np.ndarray] = {}
     frames, cursor = None, None  # decode generator, pts of the last decoded frame
@@ -334,7 +345,7 @@ def _decode_positions(container, index: _FrameIndex, uniq: list[int], short_side
             stats['decoded'] = stats.get('decoded', 0) + 1
             p = wanted.get(frame.pts)
             if p is not None:
-                out[p] = _to_array(frame, short_side)
+                out[p] = _to_array(frame, *convert)
             if frame.pts is None or frame.pts >= target:
                 break
         else:
@@ -342,17 +353,17 @@ def _decode_positions(container, index: _FrameIndex, uniq: list[int], short_side
     if len(out) < len(uniq) and seek:
         # a seek landed after a wanted frame (a container with a poor index):
         # decode from the start instead
-        return _decode_positions(container, index, uniq, short_side, stats, seek=False)
+        return _decode_positions(container, index, uniq, convert, stats, seek=False)
     return out
 
 
-def _decode_by_count(container, stream, uniq: list[int], short_side) -> dict[int, np.ndarray]:
+def _decode_by_count(container, stream, uniq: list[int], convert) -> dict[int, np.ndarray]:
     container.seek(0, stream=stream)
     want = set(uniq)
     out = {}
     for i, frame in enumerate(container.decode(stream)):
         if i in want:
-            out[i] = _to_array(frame, short_side)
+            out[i] = _to_array(frame, *convert)
         if i >= uniq[-1]:
             break
     return out
