@@ -102,6 +102,8 @@ class VideoClipDataset(Dataset):
 
     @property
     def labels(self) -> np.ndarray:
+        if hasattr(self.records, 'label'):  # a RecordTable: no per-record objects
+            return self.records.label.astype(np.int64)
         return np.fromiter((r.label for r in self.records), dtype=np.int64,
                            count=len(self.records))
 
@@ -135,8 +137,8 @@ class VideoWindowDataset(Dataset):
         self.loader = loader
         self.sliding_window = sliding_window
         self.spatial_transform = spatial_transform
-        n_frames = np.fromiter((r.n_frames for r in records), dtype=np.int64,
-                               count=len(records))
+        n_frames = records.n_frames.astype(np.int64) if hasattr(records, 'n_frames') else \
+            np.fromiter((r.n_frames for r in records), dtype=np.int64, count=len(records))
         if hasattr(sliding_window, 'span') and hasattr(sliding_window, 'window_stride'):
             room = np.maximum(0, n_frames - sliding_window.span)
             stride = sliding_window.window_stride

@@ -69,3 +69,16 @@ def test_from_records_round_trip(tmp_path):
     loaded, names = RecordTable.load(tmp_path / 't.npz')
     assert list(loaded) == records and names == ['n']
     assert bytes(loaded.paths).startswith('c/'.encode())  # stored relative to the root
+
+
+def test_data_sets_read_the_table_arrays(tmp_path):
+    from datasets.temporal_transforms import SlidingWindow
+    from datasets.videodataset import VideoClipDataset, VideoWindowDataset
+    ann = write_annotation(tmp_path / 'a.json', 20)
+    records, _ = load_annotations(ann, 'validation', tmp_path, 'kinetics')
+    table, _, _ = load_record_table(ann, 'validation', tmp_path, 'kinetics')
+    assert np.array_equal(VideoClipDataset(table, None).labels,
+                          VideoClipDataset(records, None).labels)
+    window = SlidingWindow(8, 4)
+    a, b = VideoWindowDataset(table, None, window), VideoWindowDataset(records, None, window)
+    assert np.array_equal(a.video_offsets, b.video_offsets) and len(a) == len(b) > len(records)
