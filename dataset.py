@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from datasets.annotation import SUBSET_NAMES, DataError, check_videos, load_annotations
+from datasets.annotation import SUBSET_NAMES, DataError, check_videos
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
@@ -26,11 +26,13 @@ from datasets.temporal_transforms import (
     TemporalEvenCrop,
     TemporalRandomCrop,
 )
+from datasets.video_index import load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from opts import OptionError
 from utils.distributed import barrier
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
+INDEX_CACHE_DIR = 'data_index'
 
 
 def data_paths(opt, ctx):
@@ -53,8 +55,11 @@ def _mean_std(opt):
 
 
 def _records(opt, record, subset):
-    records, class_names = load_annotations(record.annotation_path, subset, record.video_path,
-                                            opt.dataset, file_type=opt.file_type)
+    """The subset's records as a compact RecordTable, cached under
+    <result_path>/data_index/ (a second start-up skips the annotation JSON)."""
+    records, class_names, _ = load_record_table(
+        record.annotation_path, subset, record.video_path, opt.dataset,
+        file_type=opt.file_type, cache_dir=opt.result_path / INDEX_CACHE_DIR)
     if len(class_names) != opt.n_classes:
         raise DataError(f'--n_classes is {opt.n_classes} but {record.annotation_path} has '
                         f'{len(class_names)} labels: set --n_classes {len(class_names)}')
@@ -68,6 +73,12 @@ def _finish(dataset, spatial, record):
     defer = record.normalize_on_device
     dataset.device_normalizer = spatial.defer_normalization() if defer else None
     return dataset
+
+
+def _eval_loader(opt):
+    # The eval transforms resize the short side to sample_size first: video
+    # frames are converted at that size (FFmpeg's scaler), the resize is then a no-op.
+    return make_loader(opt.file_type, opt.input_type, short_side=opt.sample_size)
 
 
 def get_training_data(opt, record):
@@ -93,7 +104,7 @@ def get_validation_data(opt, record):
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop='center')
-    loader = make_loader(opt.file_type, opt.input_type)
+    loader = _eval_loader(opt)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -104,7 +115,7 @@ def get_inference_data(opt, record):
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop=opt.inference_crop)
-    loader = make_loader(opt.file_type, opt.input_type)
+    loader = _eval_loader(opt)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names
 

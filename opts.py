@@ -99,8 +99,9 @@ def build_parser():
          help='Pixel value range: 1 for [0, 1], 255 for [0, 255]')
     _add(g, '--n_val_samples', default=3, type=int,
          help='Clips per video in validation, evenly spread')
-    _add(g, '--file_type', default='jpg', type=str, choices=['jpg', 'hdf5'],
-         help='Frame storage')
+    _add(g, '--file_type', default='jpg', type=str, choices=['jpg', 'hdf5', 'video'],
+         help='Frame storage: jpg folders, hdf5 files, or the video files themselves '
+              '(<video_path>/<label>/<video_id>.mp4/.avi/.webm/.mkv, decoded with PyAV)')
     _add(g, '--input_type', default='rgb', type=str, choices=['rgb', 'flow'],
          help='rgb (3 channels) or flow (2 channels, hdf5 only)')
     _add(g, '--accimage', action='store_true',

@@ -171,3 +171,23 @@ def test_check_videos_names_missing_and_broken_files(synthetic_videos, tmp_path)
     from datasets.annotation import VideoRecord
     with pytest.raises(DataError, match='broken.mp4 cannot be opened'):
         check_videos([VideoRecord('b', str(broken), 0, 8, 0, (0, 8))], 'video')
+
+
+def test_train_validate_infer_from_video_files(synthetic_videos, tmp_path):
+    """--file_type video end to end on the synthetic set written as .avi/.mp4, with
+    a loader worker process; the record table is cached in the result folder."""
+    import json
+
+    import main
+    from tests.conftest import tiny_args
+    root, annotation, _ = synthetic_videos
+    result = tmp_path / 'r'
+    main.main(tiny_args(root, annotation, result, '--file_type', 'video', '--n_epochs', '1',
+                        '--inference', '--inference_subset', 'val'))
+    results = json.loads((result / 'val.json').read_text())['results']
+    assert len(results) == 12
+    assert all(len(top) == 5 and 0 < top[0]['score'] <= 1 for top in results.values())
+    val_log = (result / 'val.log').read_text().splitlines()
+    assert len(val_log) == 2  # header + epoch 1
+    cached = sorted(p.name.split('_')[1] for p in (result / 'data_index').glob('*.npz'))
+    assert cached == ['training', 'validation']
