@@ -92,7 +92,8 @@ def get_training_data(opt, record):
                                     min_scale=opt.train_crop_min_scale,
                                     min_ratio=opt.train_crop_min_ratio,
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
-                                    mean=mean, std=std, value_scale=opt.value_scale)
+                                    mean=mean, std=std, value_scale=opt.value_scale,
+                                    randaugment=opt.randaugment, random_erasing=opt.random_erasing)
     loader = make_loader(opt.file_type, opt.input_type)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 

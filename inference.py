@@ -34,7 +34,7 @@ def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, 
                                                disable=not (ctx.is_main and config.progress_bar),
                                                dynamic_ncols=True, leave=False):
         clips = clips_to_device(clips, ctx.device, config.channels_last, dataset.device_normalizer)
-        with autocast_context(ctx.device, config.amp):
+        with autocast_context(ctx.device, config.amp, config.amp_dtype):
             logits = model(clips)
         probs = logits.float().softmax(1).cpu()
         begins, ends = segments

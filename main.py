@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
@@ -21,7 +22,15 @@ from datasets.annotation import SUBSET_NAMES, DataError
 from inference import run_inference
 from model import build_model, freeze_before, load_state_dict_checked, make_parallel
 from opts import OptionError, opts_to_dict, parse_opts, save_opts
-from training import LoopConfig, OptimizerConfig, amp_dtype, make_optimizer, train_epoch
+from training import (
+    EpochExtras,
+    LoopConfig,
+    OptimizerConfig,
+    amp_dtype,
+    make_optimizer,
+    precise_bn,
+    train_epoch,
+)
 from utils import distributed as du
 from utils.checkpoint import (
     CheckpointError,
@@ -31,9 +40,12 @@ from utils.checkpoint import (
     restore_rng_state,
     save_checkpoint_atomic,
 )
+from utils.ema import ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
 from utils.flops import count_gflops, count_parameters
+from utils.grad_checkpoint import enable_grad_checkpointing
 from utils.logs import TsvLogger
 from utils.lr_schedule import LRSchedule, ScheduleConfig, steps_per_epoch
+from utils.mix import MixConfig
 from utils.run_record import RunRecord
 from utils.video_accuracy import compute_accuracy
 from validation import val_epoch
@@ -55,11 +67,16 @@ def run(opt, ctx):
     if ctx.is_main:
         save_opts(opt, opt.result_path / 'opts.json', run=record.to_dict())
     model = make_parallel(model, ctx, opt.batchnorm_sync, opt.channels_last)
+    if opt.compile:
+        model = torch.compile(model)  # around DDP: its optimizer splits graphs at buckets
     config = loop_config(opt, record)
     with tensorboard_writer(opt, ctx) as tb_writer:
         val_loader = data.make_val_loader(datasets.val, opt, ctx) if datasets.val is not None else None
         if datasets.train is not None:
-            fit(opt, ctx, record, config, model, checkpoint, datasets.train, val_loader, tb_writer)
+            ema = fit(opt, ctx, record, config, model, checkpoint, datasets.train, val_loader,
+                      tb_writer)
+            if opt.inference_weights == 'ema':
+                model = ema.module
         elif val_loader is not None:
             evaluate(ctx, record, config, model, val_loader, tb_writer)
         if datasets.infer is not None:
@@ -148,9 +165,13 @@ def restore(opt, ctx, record):
         if checkpoint.get('arch', opt.arch) != opt.arch:
             raise OptionError(f'--resume_path {record.resume_path} holds a {checkpoint["arch"]} '
                               f'model but the options build {opt.arch}')
-        load_state_dict_checked(model, checkpoint['state_dict'],
-                                f'--resume_path {record.resume_path}', opt)
+        source = f'--resume_path {record.resume_path}'
+        weights = 'raw' if not opt.no_train else opt.inference_weights
+        load_state_dict_checked(model, inference_state_dict(checkpoint, weights, source), source, opt)
         record.begin_epoch = checkpoint['epoch'] + 1
+    elif opt.no_train and opt.inference_weights == 'ema':
+        raise OptionError('--inference_weights ema without training needs --resume_path '
+                          '(a checkpoint saved with --ema_decay)')
     record.frozen_modules = freeze_before(model, opt.ft_begin_module)
     if record.frozen_modules:
         log(ctx, f'frozen (fine-tuning from {opt.ft_begin_module}): '
@@ -162,13 +183,23 @@ def restore(opt, ctx, record):
              f'{record.gflops_per_clip:.3f} GFLOPs per {opt.sample_duration}x{opt.sample_size}x'
              f'{opt.sample_size} clip; device {ctx.device}, {ctx.world_size} process(es), '
              f'batch {record.batch_per_process} per process, lr {record.learning_rate:g}')
+    if opt.grad_checkpointing:
+        try:
+            stages = enable_grad_checkpointing(model)
+        except ValueError as e:
+            raise OptionError(str(e)) from e
+        log(ctx, f'activation checkpointing of {", ".join(stages)}')
     return model, checkpoint
 
 
 def loop_config(opt, record):
     return LoopConfig(amp=record.amp, channels_last=opt.channels_last,
                       accumulation_steps=opt.accumulation_steps, log_interval=opt.log_interval,
-                      progress_bar=not opt.no_progress, frozen_modules=record.frozen_modules)
+                      progress_bar=not opt.no_progress, frozen_modules=record.frozen_modules,
+                      amp_dtype=opt.amp_dtype, clip_grad_norm=opt.clip_grad_norm,
+                      mix=MixConfig(opt.mixup_alpha, opt.cutmix_alpha, opt.mix_prob,
+                                    opt.mix_switch_prob),
+                      n_classes=opt.n_classes)
 
 
 # ----------------------------------------------------------------------------- fit
@@ -179,6 +210,7 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     schedule: LRSchedule
     scaler: torch.amp.GradScaler
+    ema: torch.optim.swa_utils.AveragedModel | None = None
 
 
 def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
@@ -190,8 +222,12 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
         plateau_patience=opt.plateau_patience, warmup_epochs=opt.warmup_epochs,
         min_lr=opt.min_lr, n_epochs=opt.n_epochs),
         steps_per_epoch(n_batches, opt.accumulation_steps))
-    fp16 = record.amp and amp_dtype(ctx.device) == torch.float16
+    fp16 = record.amp and amp_dtype(ctx.device, opt.amp_dtype) == torch.float16
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
+    ema = make_ema(model, opt.ema_decay) if opt.ema_decay > 0 else None
+    if ema is not None and checkpoint is not None and \
+            not load_ema(ema, checkpoint, f'--resume_path {record.resume_path}'):
+        log(ctx, f'{record.resume_path} has no EMA weights: the average starts from its weights')
     if checkpoint is not None and 'optimizer' in checkpoint:
         optimizer.load_state_dict(checkpoint['optimizer'])
         schedule.load_state_dict(checkpoint['scheduler'], milestones=(
@@ -199,7 +235,7 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
         if 'scaler' in checkpoint:
             scaler.load_state_dict(checkpoint['scaler'])
         restore_rng_state(checkpoint.get('rng_state'))
-    return Trainer(optimizer, schedule, scaler)
+    return Trainer(optimizer, schedule, scaler, ema)
 
 
 @contextlib.contextmanager
@@ -215,36 +251,46 @@ def training_logs(opt, ctx, with_val):
             logs['batch'] = stack.enter_context(TsvLogger(
                 opt.result_path / 'train_batch.log', ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr']))
             if with_val:
+                ema_columns = ['ema_loss', 'ema_acc'] if opt.ema_decay > 0 else []
                 logs['val'] = stack.enter_context(TsvLogger(
-                    opt.result_path / 'val.log', ['epoch', 'loss', 'acc', 'clip_acc']))
+                    opt.result_path / 'val.log', ['epoch', 'loss', 'acc', 'clip_acc', *ema_columns]))
         yield logs
 
 
 def fit(opt, ctx, record, config, model, checkpoint, train_set, val_loader, tb_writer):
     """Epochs record.begin_epoch..n_epochs: train, validate, step the schedule,
-    checkpoint."""
+    checkpoint. Returns the EMA model (None without --ema_decay)."""
     train_loader = data.make_train_loader(train_set, opt, ctx)
-    criterion = torch.nn.CrossEntropyLoss().to(ctx.device)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=opt.label_smoothing).to(ctx.device)
     trainer = make_trainer(opt, ctx, record, model, checkpoint, len(train_loader))
+    if config.mix.enabled:
+        log(ctx, 'mixup/cutmix: the training accuracy is against each clip\'s dominant label')
     if record.begin_epoch > opt.n_epochs:
         log(ctx, f'checkpoint epoch {record.begin_epoch - 1} >= --n_epochs {opt.n_epochs}: '
                  f'nothing to train')
     with training_logs(opt, ctx, val_loader is not None) as logs:
         for epoch in range(record.begin_epoch, opt.n_epochs + 1):
-            data.seed_worker_rngs(epoch_seed(opt.manual_seed, ctx.rank, epoch))
+            seed = epoch_seed(opt.manual_seed, ctx.rank, epoch)
+            data.seed_worker_rngs(seed)
             train_loader.sampler.set_epoch(epoch)
             t0 = time.time()
+            extras = EpochExtras(ema=trainer.ema, mix_rng=np.random.default_rng([seed, 1]))
             stats = train_epoch(epoch, train_loader, model, criterion, trainer.optimizer,
                                 trainer.schedule, trainer.scaler, ctx, config, logs['batch'],
-                                tb_writer)
+                                tb_writer, extras)
+            if opt.compile and epoch == record.begin_epoch:
+                log(ctx, f'compile: the first training step took {stats["first_step_s"]:.1f} s '
+                         f'(compilation included)')
             line = (f'epoch {epoch}/{opt.n_epochs} train loss {stats["loss"]:.4f} '
                     f'acc {stats["acc"]:.4f} lr {stats["lr"]:.4g} '
                     f'{stats["clips_per_s"]:.1f} clips/s data wait {stats["data_wait"]:.0%}')
             if ctx.is_main:
                 logs['train'].log(dict(epoch=epoch, **stats))
             val_stats = None
+            if opt.precise_bn > 0:
+                precise_bn(model, train_loader, opt.precise_bn, ctx, config)
             if val_loader is not None:
-                val_stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer)
+                val_stats = validate(epoch, val_loader, model, trainer.ema, ctx, config, tb_writer)
                 line += ' | ' + describe_validation(val_stats)
                 if ctx.is_main:
                     logs['val'].log(dict(epoch=epoch, **val_stats))
@@ -257,6 +303,19 @@ def fit(opt, ctx, record, config, model, checkpoint, train_set, val_loader, tb_w
             if ctx.is_main and (epoch % opt.checkpoint == 0 or epoch == opt.n_epochs):
                 save_checkpoint(opt.result_path / f'save_{epoch}.pth', epoch, opt, model, trainer)
             du.barrier(ctx)
+    return trainer.ema
+
+
+def validate(epoch, val_loader, model, ema, ctx, config, tb_writer):
+    """The raw weights' validation statistics, with the EMA weights' loss and
+    video accuracy beside them (ema_loss, ema_acc) when there is an EMA."""
+    stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer)
+    if ema is not None:
+        ema_stats = val_epoch(epoch, val_loader, ema.module, ctx, config)
+        stats.update(ema_loss=ema_stats['loss'], ema_acc=ema_stats['acc'])
+        if tb_writer is not None:
+            tb_writer.add_scalar('val/ema_acc', ema_stats['acc'], epoch)
+    return stats
 
 
 def epoch_seed(manual_seed, rank, epoch):
@@ -266,8 +325,11 @@ def epoch_seed(manual_seed, rank, epoch):
 
 
 def describe_validation(stats):
-    return (f'val loss {stats["loss"]:.4f} video acc {stats["acc"]:.4f} '
+    text = (f'val loss {stats["loss"]:.4f} video acc {stats["acc"]:.4f} '
             f'clip acc {stats["clip_acc"]:.4f}')
+    if 'ema_acc' in stats:
+        text += f' ema video acc {stats["ema_acc"]:.4f}'
+    return text
 
 
 def save_checkpoint(path, epoch, opt, model, trainer):
@@ -278,6 +340,7 @@ def save_checkpoint(path, epoch, opt, model, trainer):
         'optimizer': trainer.optimizer.state_dict(),
         'scheduler': trainer.schedule.state_dict(),
         'scaler': trainer.scaler.state_dict(),
+        **(ema_checkpoint_entries(trainer.ema) if trainer.ema is not None else {}),
         'rng_state': capture_rng_state(),
         'opts': {k: v for k, v in opts_to_dict(opt).items() if v is None or
                  isinstance(v, (str, int, float, bool, list))},

@@ -184,6 +184,35 @@ def build_parser():
     _add(g, '--wide_resnet_k', default=2, type=int, help='Width of wideresnet')
     _add(g, '--resnext_cardinality', default=32, type=int, help='Groups of resnext')
 
+    g = p.add_argument_group('training recipe (all off by default)')
+    _add(g, '--label_smoothing', default=0.0, type=float,
+         help='Label smoothing of the cross-entropy loss (e.g. 0.1)')
+    _add(g, '--mixup_alpha', default=0.0, type=float,
+         help='Mixup: Beta(alpha, alpha) mixing of each batch with its mirror (e.g. 0.8)')
+    _add(g, '--cutmix_alpha', default=0.0, type=float,
+         help='Cutmix: paste one box (the same in every frame) from the mirrored clip (e.g. 1.0)')
+    _add(g, '--mix_prob', default=1.0, type=float, help='Chance that a batch is mixed')
+    _add(g, '--mix_switch_prob', default=0.5, type=float,
+         help='Chance of cutmix instead of mixup when both are on')
+    _add(g, '--randaugment', default=None, type=int, nargs=2, metavar=('N', 'M'),
+         help='RandAugment of the whole clip: N ops at magnitude M (e.g. 2 9)')
+    _add(g, '--random_erasing', default=0.0, type=float,
+         help='Chance of erasing one box per clip (the same in every frame)')
+    _add(g, '--ema_decay', default=0.0, type=float,
+         help='Keep an exponential moving average of the weights with this decay (e.g. 0.999); '
+              'validated every epoch beside the raw weights')
+    _add(g, '--inference_weights', default='raw', choices=['raw', 'ema'],
+         help='Weights used by inference and --no_train validation: raw or the EMA ones')
+    _add(g, '--clip_grad_norm', default=0.0, type=float,
+         help='Clip the global gradient norm to this value (0: off)')
+    _add(g, '--precise_bn', default=0, type=int,
+         help='Recompute BatchNorm statistics over N training batches before each validation')
+    _add(g, '--grad_checkpointing', action='store_true',
+         help='Activation checkpointing per residual stage: less memory, more compute')
+    _add(g, '--compile', action='store_true', help='torch.compile the model for training')
+    _add(g, '--amp_dtype', default=None, choices=['bf16', 'fp16'],
+         help='Autocast type of --amp (default: bf16 where supported, else fp16)')
+
     g = p.add_argument_group('distributed')
     _add(g, '--distributed', action='store_true',
          help='Distributed data parallel training (under torchrun, or spawning '
@@ -233,6 +262,25 @@ def _check(opt, parser):
         parser.error('--sample_t_stride and --inference_stride must be at least 1')
     if opt.batch_size < 1:
         parser.error('--batch_size must be at least 1')
+    _check_recipe(opt, parser)
+
+
+def _check_recipe(opt, parser):
+    if not 0 <= opt.label_smoothing < 1:
+        parser.error('--label_smoothing must be in [0, 1)')
+    if opt.mixup_alpha < 0 or opt.cutmix_alpha < 0:
+        parser.error('--mixup_alpha and --cutmix_alpha must be >= 0 (0: off)')
+    for name in ('mix_prob', 'mix_switch_prob', 'random_erasing'):
+        if not 0 <= getattr(opt, name) <= 1:
+            parser.error(f'--{name} is a probability: give a value in [0, 1]')
+    if opt.randaugment is not None and (opt.randaugment[0] < 1 or not 0 <= opt.randaugment[1] <= 30):
+        parser.error('--randaugment N M needs N >= 1 ops and a magnitude M in [0, 30]')
+    if not 0 <= opt.ema_decay < 1:
+        parser.error('--ema_decay must be in [0, 1) (0: no EMA; 0.999 is usual)')
+    if opt.inference_weights == 'ema' and not opt.no_train and opt.ema_decay == 0:
+        parser.error('--inference_weights ema needs --ema_decay when training')
+    if opt.clip_grad_norm < 0 or opt.precise_bn < 0:
+        parser.error('--clip_grad_norm and --precise_bn must be >= 0 (0: off)')
 
 
 def parse_opts(argv=None):

@@ -1,5 +1,6 @@
 """One training epoch, the optimizer it steps and the settings the loops share."""
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -9,6 +10,9 @@ from tqdm import tqdm
 
 from model import keep_frozen_eval
 from utils.distributed import all_reduce_sum
+from utils.ema import update_ema
+from utils.mix import MixConfig, mix_batch
+from utils.precise_bn import recompute_bn_stats
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,10 @@ class LoopConfig:
     log_interval: int = 10
     progress_bar: bool = True  # plain lines every log_interval steps otherwise
     frozen_modules: tuple[str, ...] = ()  # kept in eval mode (fine-tuning)
+    amp_dtype: str | None = None  # 'bf16' | 'fp16'; None: bf16 where supported
+    clip_grad_norm: float = 0.0  # 0: no clipping
+    mix: MixConfig = MixConfig()  # mixup / cutmix, off by default
+    n_classes: int = 0  # for the mixed targets
 
 
 @dataclass(frozen=True)
@@ -54,13 +62,19 @@ def clips_to_device(clips, device, channels_last=False, normalizer=None):
     return clips
 
 
-def autocast_context(device, enabled):
+def autocast_context(device, enabled, dtype_name=None):
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=amp_dtype(device))
+    return torch.autocast(device_type=device.type, dtype=amp_dtype(device, dtype_name))
 
 
-def amp_dtype(device):
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def amp_dtype(device, dtype_name=None):
+    """--amp_dtype when given, else bf16 where supported and fp16 elsewhere."""
+    if dtype_name is not None:
+        return AMP_DTYPES[dtype_name]
     if device.type == 'cuda' and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
@@ -101,13 +115,24 @@ class BatchReport:
         self.meta.clear()
 
 
-def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ctx, config,
-                batch_logger=None, tb_writer=None):
-    """Trains one epoch; returns the epoch's loss, accuracy, lr, clips/s and the
-    fraction of time spent waiting for data, reduced over all ranks.
+@dataclass
+class EpochExtras:
+    """What a step uses besides the optimizer: the EMA model (None: off) and the
+    numpy generator of the mixup/cutmix draws (seeded per rank and epoch)."""
+    ema: object = None
+    mix_rng: object = None
 
-    schedule.after_step() follows every optimizer step (None: a fixed rate).
+
+def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ctx, config,
+                batch_logger=None, tb_writer=None, extras=None):
+    """Trains one epoch; returns the epoch's loss, accuracy, lr, clips/s, the
+    fraction of time spent waiting for data (reduced over all ranks) and the
+    seconds the first step took (the compilation, with --compile).
+
+    schedule.after_step() and the EMA update follow every optimizer step.
+    With mixup/cutmix the accuracy is against each clip's dominant label.
     """
+    extras = extras or EpochExtras()
     model.train()
     keep_frozen_eval(model, config.frozen_modules)
     device, k, n_batches = ctx.device, config.accumulation_steps, len(loader)
@@ -117,7 +142,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
                          print_lines=ctx.is_main and not config.progress_bar)
     bar = tqdm(total=n_batches, desc=f'train {epoch}', dynamic_ncols=True, leave=False,
                disable=not (ctx.is_main and config.progress_bar))
-    wait, clips_seen, start = 0.0, 0, time.perf_counter()
+    wait, clips_seen, start, first_step_s = 0.0, 0, time.perf_counter(), 0.0
     batches = iter(loader)
     for i in range(n_batches):
         lr_now = optimizer.param_groups[0]['lr']  # the lr this step uses
@@ -125,23 +150,26 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
         inputs, targets = next(batches)
         wait += time.perf_counter() - t0
         inputs = clips_to_device(inputs, device, config.channels_last, normalizer)
-        targets = targets.to(device, non_blocking=True)
+        batch = mix_batch(inputs, targets.to(device, non_blocking=True), config.n_classes,
+                          config.mix, extras.mix_rng)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1
         no_sync = model.no_sync() if (ctx.distributed and not sync_now) else contextlib.nullcontext()
         with no_sync:
-            with autocast_context(device, config.amp):
-                outputs = model(inputs)
-                loss = criterion(outputs.float(), targets)
+            with autocast_context(device, config.amp, config.amp_dtype):
+                outputs = model(batch.clips)
+                loss = criterion(outputs.float(), batch.targets)
             scaler.scale(loss / k).backward()
         if sync_now:
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(optimizer, scaler, config.clip_grad_norm)
+            if extras.ema is not None:
+                update_ema(extras.ema, model)
             if schedule is not None:
                 schedule.after_step()
+        if i == 0:
+            first_step_s = time.perf_counter() - t0
         with torch.no_grad():
-            n = targets.numel()
-            correct = (outputs.argmax(1) == targets).sum()
+            n = batch.dominant.numel()
+            correct = (outputs.argmax(1) == batch.dominant).sum()
             sums += torch.stack([loss.detach().double() * n, correct.double()])
             report.add(i, loss, correct, n, lr_now)
         clips_seen += n
@@ -149,7 +177,33 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
         if report.due(i):
             report.flush(clips_seen, bar)
     bar.close()
-    return _epoch_stats(sums, clips_seen, wait, start, lr_now, ctx, epoch, tb_writer)
+    stats = _epoch_stats(sums, clips_seen, wait, start, lr_now, ctx, epoch, tb_writer)
+    return dict(stats, first_step_s=first_step_s)
+
+
+def optimizer_step(optimizer, scaler, clip_grad_norm=0.0):
+    """One optimizer step (skipped by an fp16 scaler on inf/nan gradients),
+    after clipping the global norm of the unscaled gradients (0: no clipping)."""
+    if clip_grad_norm > 0:
+        scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group['params']]
+        torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def precise_bn(model, loader, n_batches, ctx, config):
+    """Recomputes the BatchNorm statistics over the first n_batches of `loader`
+    (utils/precise_bn.py), frozen modules excepted."""
+    model.train()
+    keep_frozen_eval(model, config.frozen_modules)
+    normalizer = getattr(getattr(loader, 'dataset', None), 'device_normalizer', None)
+    batches = (clips_to_device(clips, ctx.device, config.channels_last, normalizer)
+               for clips, _ in itertools.islice(loader, n_batches))
+    with autocast_context(ctx.device, config.amp, config.amp_dtype):
+        return recompute_bn_stats(model, batches, ctx)
 
 
 def _epoch_stats(sums, clips_seen, wait, start, lr, ctx, epoch, tb_writer):

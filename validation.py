@@ -27,7 +27,7 @@ def val_epoch(epoch, loader, model, ctx, config, tb_writer=None):
         clips = clips_to_device(clips.flatten(0, 1), device, config.channels_last,
                                 getattr(loader.dataset, 'device_normalizer', None))
         targets = targets.to(device, non_blocking=True)
-        with autocast_context(device, config.amp):
+        with autocast_context(device, config.amp, config.amp_dtype):
             logits = model(clips)
         logits = logits.float()
         clip_targets = targets.repeat_interleave(n)

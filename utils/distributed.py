@@ -205,7 +205,9 @@ def _convert_cpu(module):
 def eval_module(model):
     """The network to evaluate, in eval mode: without the DDP wrapper, which
     evaluation does not need, so ranks with different numbers of batches
-    never meet in a collective."""
+    never meet in a collective. A torch.compile'd model is evaluated eagerly
+    (no recompilation for the evaluation shapes)."""
+    model = getattr(model, '_orig_mod', model)
     if isinstance(model, nn.parallel.DistributedDataParallel):
         model = model.module
     return model.eval()

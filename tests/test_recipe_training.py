@@ -1,0 +1,193 @@
+"""The training-recipe options wired through training.py and main.py: gradient
+clipping, amp dtype, EMA in checkpoints/val.log/resume/inference, mixup with
+label smoothing, precise BN, activation checkpointing and torch.compile in
+whole runs, and torch.compile under DDP."""
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn as nn
+
+import main
+from model import make_parallel
+from tests.conftest import tiny_args
+from tests.dist_helpers import run_ranks
+from training import AMP_DTYPES, LoopConfig, amp_dtype, autocast_context, optimizer_step, train_epoch
+from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
+from utils.distributed import DistContext
+from utils.logs import read_tsv
+
+
+def run(tiny, result, *extra):
+    main.main(tiny_args(*tiny, result, *extra))
+
+
+# ---- optimizer step, amp dtype ------------------------------------------------
+
+def _large_gradients(scaler):
+    torch.manual_seed(0)
+    model = nn.Linear(10, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.randn(4, 10) * 100).pow(2).sum()
+    scaler.scale(loss).backward()
+    norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
+    return model, optimizer, before, norm
+
+
+@pytest.mark.parametrize('scaled', [False, True])
+def test_gradient_clipping_bounds_the_norm_after_unscaling(scaled):
+    scaler = torch.amp.GradScaler('cpu', enabled=scaled, init_scale=1024.0)
+    model, optimizer, before, raw_norm = _large_gradients(scaler)
+    assert raw_norm > 100
+    optimizer_step(optimizer, scaler, clip_grad_norm=2.0)
+    # Plain SGD with lr 1: the update is minus the clipped (unscaled) gradient.
+    step = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
+    assert step.norm().item() == pytest.approx(2.0, rel=1e-4)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_no_clipping_by_default():
+    scaler = torch.amp.GradScaler('cpu', enabled=False)
+    model, optimizer, before, raw_norm = _large_gradients(scaler)
+    optimizer_step(optimizer, scaler)
+    step = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
+    assert step.norm().item() == pytest.approx(raw_norm, rel=1e-4)
+
+
+def test_amp_dtype_choice():
+    cpu = torch.device('cpu')
+    assert amp_dtype(cpu) == torch.bfloat16
+    assert amp_dtype(cpu, 'fp16') == torch.float16 and amp_dtype(cpu, 'bf16') == torch.bfloat16
+    with autocast_context(cpu, True, 'fp16'):
+        assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.float16
+    assert set(AMP_DTYPES) == {'bf16', 'fp16'}
+
+
+# ---- whole runs -----------------------------------------------------------
+
+RECIPE = ('--label_smoothing', '0.1', '--mixup_alpha', '0.4', '--cutmix_alpha', '1.0',
+          '--ema_decay', '0.9', '--clip_grad_norm', '5', '--randaugment', '2', '9',
+          '--random_erasing', '0.25', '--train_crop', 'random')
+
+
+def test_recipe_run_logs_ema_and_saves_it_with_plain_keys(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--checkpoint', '1', '--precise_bn', '2',
+        '--grad_checkpointing', '--tensorboard', *RECIPE)
+    out = capsys.readouterr().out
+    assert "against each clip's dominant label" in out and 'ema video acc' in out
+    assert 'activation checkpointing of layer1, layer2, layer3, layer4' in out
+    rows = read_tsv(tmp_path / 'val.log')
+    assert list(rows[0]) == ['epoch', 'loss', 'acc', 'clip_acc', 'ema_loss', 'ema_acc']
+    assert all(0 <= float(r['ema_acc']) <= 1 for r in rows)
+    ckpt = load_checkpoint(tmp_path / 'save_2.pth')
+    assert set(ckpt['ema_state_dict']) == set(ckpt['state_dict'])
+    assert ckpt['ema_n_averaged'] == 1 + 2 * 3  # the copy, then 3 steps an epoch
+    assert any(not torch.equal(ckpt['ema_state_dict'][k], v) for k, v in ckpt['state_dict'].items()
+               if v.is_floating_point())
+
+
+def test_ema_and_mixup_resume_exactly(tiny_synthetic, tmp_path):
+    full = tmp_path / 'full'
+    args = ('--n_epochs', '3', '--checkpoint', '1', '--no_val', *RECIPE)
+    run(tiny_synthetic, full, *args)
+    resumed = tmp_path / 'resumed'
+    resumed.mkdir()
+    shutil.copy(full / 'save_1.pth', resumed / 'save_1.pth')
+    run(tiny_synthetic, resumed, *args, '--resume_path', str(resumed / 'save_1.pth'))
+    a, b = load_checkpoint(full / 'save_3.pth'), load_checkpoint(resumed / 'save_3.pth')
+    for key in ('state_dict', 'ema_state_dict'):
+        for name, value in a[key].items():
+            assert torch.equal(value, b[key][name]), (key, name)
+    assert a['ema_n_averaged'] == b['ema_n_averaged'] == 10
+    losses = [[r['loss'] for r in read_tsv(d / 'train.log')] for d in (full, resumed)]
+    assert losses[0][1:] == losses[1]  # epochs 2 and 3
+
+
+def test_inference_with_ema_weights(tiny_synthetic, tmp_path):
+    """A checkpoint whose EMA classifier always says class 2: inference with
+    --inference_weights ema says class 2 for every video, raw does not."""
+    run(tiny_synthetic, tmp_path / 'train', '--n_epochs', '1', '--no_val', '--ema_decay', '0.5')
+    ckpt = load_checkpoint(tmp_path / 'train' / 'save_1.pth')
+    ckpt['ema_state_dict']['fc.weight'].zero_()
+    ckpt['ema_state_dict']['fc.bias'].copy_(torch.tensor([0., 0., 20., 0., 0., 0.]))
+    save_checkpoint_atomic(ckpt, tmp_path / 'rigged.pth')
+    labels = {}
+    for weights in ('ema', 'raw'):
+        result = tmp_path / weights
+        run(tiny_synthetic, result, '--no_train', '--no_val', '--inference', '--resume_path',
+            str(tmp_path / 'rigged.pth'), '--inference_weights', weights)
+        top = json.loads((result / 'val.json').read_text())['results']
+        labels[weights] = {v[0]['label'] for v in top.values()}
+    class_names = sorted(labels['ema'] | labels['raw'])
+    assert len(labels['ema']) == 1 and labels['raw'] != labels['ema'], class_names
+
+
+def test_inference_weights_ema_needs_ema_in_the_checkpoint(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val')
+    with pytest.raises(SystemExit):
+        run(tiny_synthetic, tmp_path / 'eval', '--no_train', '--resume_path',
+            str(tmp_path / 'save_1.pth'), '--inference_weights', 'ema')
+    assert 'holds no EMA weights' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run(tiny_synthetic, tmp_path / 'x', '--inference_weights', 'ema')
+    assert '--inference_weights ema needs --ema_decay' in capsys.readouterr().err
+
+
+def test_grad_checkpointing_trains_like_the_plain_model(tiny_synthetic, tmp_path):
+    for name, extra in (('plain', ()), ('ckpt', ('--grad_checkpointing',))):
+        run(tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--no_val', *extra)
+    a = load_checkpoint(tmp_path / 'plain' / 'save_1.pth')['state_dict']
+    b = load_checkpoint(tmp_path / 'ckpt' / 'save_1.pth')['state_dict']
+    assert list(a) == list(b)
+    for key in a:
+        assert torch.allclose(a[key].float(), b[key].float(), atol=1e-4), key
+
+
+def test_compile_run_reports_compile_time_and_keeps_plain_keys(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--compile', '--inference',
+        '--inference_stride', '8')
+    out = capsys.readouterr().out
+    assert 'compile: the first training step took' in out
+    state = load_checkpoint(tmp_path / 'save_1.pth')['state_dict']
+    assert not any(k.startswith(('_orig_mod', 'module')) for k in state)
+    assert (tmp_path / 'val.json').exists()
+
+
+# ---- torch.compile under DDP ---------------------------------------------------
+
+def _conv_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool3d(1),
+                         nn.Flatten(), nn.Linear(4, 3))
+
+
+def _batches():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 3, 4, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(2)]
+
+
+def _train_compiled(ctx, out_path):
+    model = torch.compile(make_parallel(_conv_net(), ctx))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler('cpu', enabled=False)
+    data = [(x[ctx.rank * 2:(ctx.rank + 1) * 2], y[ctx.rank * 2:(ctx.rank + 1) * 2])
+            for x, y in _batches()]
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None, scaler, ctx,
+                LoopConfig(log_interval=100, progress_bar=False))
+    if ctx.rank == 0:
+        torch.save(model._orig_mod.module.state_dict(), out_path)
+
+
+def test_compiled_ddp_equals_one_eager_process_with_the_global_batch(tmp_path):
+    run_ranks(_train_compiled, 2, str(tmp_path / 'ddp.pt'))
+    eager = _conv_net()
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+    train_epoch(1, _batches(), eager, nn.CrossEntropyLoss(), optimizer, None,
+                torch.amp.GradScaler('cpu', enabled=False), DistContext(),
+                LoopConfig(log_interval=100, progress_bar=False))
+    got = torch.load(tmp_path / 'ddp.pt', weights_only=True)
+    for key, value in eager.state_dict().items():
+        assert torch.allclose(got[key], value, atol=1e-5), key
