@@ -350,3 +350,22 @@ def test_averaging_refuses_different_architectures(tmp_path, capsys):
                                   '--weights', 'ema', '--output', str(tmp_path / 'avg.pth')])
     assert 'no ema_state_dict' in capsys.readouterr().err
     assert not (tmp_path / 'avg.pth').exists()
+
+
+def test_grad_checkpointing_under_compile_matches_eager():
+    """Compiled, checkpoint() takes no context_fn: the recomputation is part of
+    the backward graph and BatchNorm statistics are still updated once."""
+    eager = tiny_resnet()
+    checkpointed = tiny_resnet()
+    enable_grad_checkpointing(checkpointed)
+    compiled = torch.compile(checkpointed)
+    clips = torch.randn(2, 3, 4, 32, 32)
+    out_a, grads_a, state_a = _outputs_and_grads(eager, clips)
+    out_b, grads_b, state_b = _outputs_and_grads(compiled, clips)
+    assert torch.allclose(out_a, out_b, atol=1e-4)
+    for name, grad in grads_a.items():
+        error = (grad - grads_b['_orig_mod.' + name]).norm() / grad.norm()
+        assert error < 5e-3, (name, error)
+    for key, value in state_a.items():
+        assert torch.allclose(value.float(), state_b['_orig_mod.' + key].float(), atol=1e-4,
+                              rtol=1e-3), key

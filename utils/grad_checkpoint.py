@@ -43,6 +43,10 @@ class CheckpointedStage(nn.Sequential):
     def forward(self, x):
         if not (self.training and torch.is_grad_enabled()):
             return super().forward(x)
+        if torch.compiler.is_compiling():
+            # Compiled, the stage is recomputed inside the backward graph, and the
+            # statistics updates stay in the forward graph: nothing to freeze.
+            return checkpoint(super().forward, x, use_reentrant=False)
         return checkpoint(super().forward, x, use_reentrant=False,
                           context_fn=lambda: (contextlib.nullcontext(),
                                               _frozen_bn_statistics(self)))
