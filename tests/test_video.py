@@ -191,3 +191,20 @@ def test_train_validate_infer_from_video_files(synthetic_videos, tmp_path):
     assert len(val_log) == 2  # header + epoch 1
     cached = sorted(p.name.split('_')[1] for p in (result / 'data_index').glob('*.npz'))
     assert cached == ['training', 'validation']
+
+
+def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
+    """A damaged tail: the demuxer lists 40 frames but the decoder stops early;
+    the missing ones are loop-padded like a short video, never a crash."""
+    import datasets.video as video
+    real = video._decode_positions
+
+    def stops_at_35(*args, **kwargs):
+        return {p: a for p, a in real(*args, **kwargs).items() if p < 35}
+
+    monkeypatch.setattr(video, '_decode_positions', stops_at_35)
+    clip = VideoClipLoader()(video40, list(range(33, 39)))
+    assert red_levels(clip) == [33, 34, 33, 34, 33, 34]
+    monkeypatch.setattr(video, '_decode_positions', lambda *a, **k: {})
+    with pytest.raises(DataError, match='no frame could be decoded'):
+        VideoClipLoader()(video40, [3])
