@@ -1,6 +1,8 @@
-"""Top-k video accuracy of an inference result file.
+"""Video accuracy of an inference result file: top-1, top-5, mean class accuracy,
+a per-class report and a confusion-matrix picture.
 
-python -m util_scripts.eval_accuracy GT_JSON RESULT_JSON [-k 1] [--subset validation] [--save] [--ignore]
+python -m util_scripts.eval_accuracy GT_JSON RESULT_JSON [-k 1] [--subset validation] [--save]
+    [--ignore] [--report] [--confusion PATH.png]
 
 GT_JSON is an annotation JSON (data_formats.md); RESULT_JSON is what
 inference writes: {"results": {video_id: [{"label", "score"}, ...]}}, or the
@@ -12,6 +14,7 @@ unless --ignore restricts the evaluation to the videos in the results.
 import argparse
 from pathlib import Path
 
+from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.video_accuracy import compute_accuracy
 
 
@@ -32,15 +35,25 @@ def main(argv=None):
     parser.add_argument('--ignore', action='store_true',
                         help='evaluate only the videos present in the '
                         'results (default: missing videos count as wrong)')
+    parser.add_argument('--report', action='store_true',
+                        help='print per-class precision, recall, F1 and support')
+    parser.add_argument('--confusion', type=Path, default=None, metavar='PATH.png',
+                        help='draw the row-normalised confusion matrix to this PNG')
     args = parser.parse_args(argv)
 
     try:
-        accuracy, n_correct, n_total = compute_accuracy(
-            args.ground_truth_path, args.result_path, args.k, args.subset,
-            args.ignore)
+        accuracy = compute_accuracy(args.ground_truth_path, args.result_path, args.k,
+                                    args.subset, args.ignore)[0]
+        evaluation = evaluate_file(args.ground_truth_path, args.result_path, args.subset,
+                                   args.ignore, ks=(1, args.k, 5))
     except (OSError, ValueError) as e:
         raise SystemExit(f'error: {e}')
-    print(f'top-{args.k} accuracy: {accuracy:.4f} ({n_correct}/{n_total})')
+    print('\n'.join(evaluation.summary_lines()))
+    if args.report:
+        print(format_report(evaluation.report, evaluation.class_names))
+    if args.confusion is not None:
+        save_confusion_png(evaluation.confusion, evaluation.class_names, args.confusion)
+        print(f'confusion matrix: {args.confusion}')
     if args.save:
         # Same content as the predecessor's file: the bare accuracy.
         with (args.result_path.parent / f'top{args.k}.txt').open('w') as f:
