@@ -24,7 +24,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 __all__ = ['get_mean_std', 'build_train_transform', 'build_eval_transform', 'ClipTransform',
-           'NormalizeToInput', 'MultiScaleCornerCrop', 'MEAN_STD']
+           'NormalizeToInput', 'MultiScaleCornerCrop', 'MEAN_STD', 'ThreeCropTransform',
+           'three_crop_boxes', 'EVAL_CROPS']
 
 MEAN_STD = {
     'kinetics': ([0.4345, 0.4051, 0.3775], [0.2768, 0.2713, 0.2737]),
@@ -234,20 +235,60 @@ def clip_regularizers(randaugment: Sequence[int] | None, random_erasing: float,
     return steps
 
 
+EVAL_CROPS = ('center', 'nocrop', 'three')
+
+
+def three_crop_boxes(height: int, width: int, size: int) -> list[tuple[int, int, int, int]]:
+    """(top, left, height, width) of three ``size`` squares along the long side:
+    left / center / right of a wide frame, top / center / bottom of a tall one
+    (three times the center of a square one)."""
+    if height < size or width < size:
+        raise ValueError(f'a {height}x{width} frame is smaller than the {size}x{size} crop')
+
+    def center(n):  # rounded like v2.CenterCrop, so the middle crop is 'center''s
+        return int(round((n - size) / 2.0))
+
+    if width >= height:
+        return [(center(height), left, size, size) for left in (0, center(width), width - size)]
+    return [(top, center(width), size, size) for top in (0, center(height), height - size)]
+
+
+class ThreeCropTransform(ClipTransform):
+    """Resize the short side to ``size``, then the three :func:`three_crop_boxes`:
+    uint8 (T, C, H, W) -> (3, T, C, size, size) -> float (3, C, T, size, size).
+    The decoded clip is resized once and cropped three times (views, not copies)."""
+
+    n_crops = 3
+
+    def __init__(self, size: int, finish: NormalizeToInput):
+        super().__init__(v2.Resize(size, antialias=True), finish, deterministic=True)
+        self.size = int(size)
+
+    def augment(self, clip: torch.Tensor) -> torch.Tensor:
+        resized = super().augment(clip)
+        h, w = resized.shape[-2:]
+        return torch.stack([resized[..., t:t + ch, lf:lf + cw]
+                            for t, lf, ch, cw in three_crop_boxes(h, w, self.size)])
+
+
 def build_eval_transform(sample_size: int, mean: Sequence[float] | None = None,
                          std: Sequence[float] | None = None, value_scale: float = 1,
                          crop: str = 'center') -> ClipTransform:
     """Validation / inference: resize the short side to sample_size, then center
-    crop ('center') or keep the whole frame ('nocrop')."""
+    crop ('center'), keep the whole frame ('nocrop') or take three crops along
+    the long side ('three', a :class:`ThreeCropTransform`: one more leading
+    dimension of 3 views)."""
     if mean is None or std is None:
         dmean, dstd = get_mean_std(value_scale)
         mean = dmean if mean is None else mean
         std = dstd if std is None else std
+    if crop not in EVAL_CROPS:
+        raise ValueError(f'crop must be one of {", ".join(EVAL_CROPS)}, got {crop!r}')
+    finish = NormalizeToInput(mean, std, value_scale)
+    if crop == 'three':
+        return ThreeCropTransform(sample_size, finish)
     steps = [v2.Resize(sample_size, antialias=True)]
     if crop == 'center':
         steps.append(v2.CenterCrop(sample_size))
-    elif crop != 'nocrop':
-        raise ValueError(f"crop must be 'center' or 'nocrop', got {crop!r}")
-    return ClipTransform(v2.Compose(steps), NormalizeToInput(mean, std, value_scale),
-                         deterministic=True)
+    return ClipTransform(v2.Compose(steps), finish, deterministic=True)
 

@@ -91,7 +91,9 @@ class TemporalCenterCrop(_Base):
 class TemporalEvenCrop(_Base):
     """``n_samples`` clips evenly spread: start i is ``i * (L - span) // (n_samples - 1)``
     (first at 0, last ending on the last frame); one sample is the center crop.
-    Clips overlap (or coincide, loop-padded) on short videos."""
+    Clips overlap (or coincide, loop-padded) on short videos.  Validation takes
+    all clips of a video as one item; inference one clip an item
+    (:meth:`n_windows`, :meth:`window`)."""
 
     def __init__(self, size: int, n_samples: int = 3, t_stride: int = 1):
         super().__init__(size, t_stride)
@@ -108,6 +110,18 @@ class TemporalEvenCrop(_Base):
     def __call__(self, frames, n_frames: int | None = None) -> list[list[int]]:
         frames = _frames(frames, n_frames)
         return [_clip(frames, s, self.size, self.t_stride) for s in self.starts(len(frames))]
+
+    # The window interface of SlidingWindow, so that inference can take the
+    # clips one item at a time (--inference_n_clips).
+    def n_windows(self, n_frames: int) -> int:
+        return self.n_samples
+
+    def start(self, n_frames: int, k: int) -> int:
+        return self.starts(n_frames)[k]
+
+    def window(self, frames, k: int, n_frames: int | None = None) -> list[int]:
+        frames = _frames(frames, n_frames)
+        return _clip(frames, self.start(len(frames), k), self.size, self.t_stride)
 
 
 class SlidingWindow(_Base):

@@ -64,6 +64,8 @@ def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence
     flat = [where[p] for p in chain.from_iterable(clips)]
     n, t = len(clips), len(clips[0])
     identity = flat == list(range(len(union)))
+    if getattr(spatial, 'n_crops', 1) > 1:
+        return _make_crops(frames, flat, n, spatial, multi)
     if isinstance(spatial, ClipTransform) and (spatial.deterministic or not multi):
         # one augmentation draw for the item, applied to the distinct frames once
         aug = spatial.augment(frames)
@@ -76,6 +78,17 @@ def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence
         clip = frames[idx]
         per_clip.append(spatial(clip) if spatial is not None else clip.movedim(1, 0))
     return torch.stack(per_clip) if multi else per_clip[0]
+
+
+def _make_crops(frames, flat, n, spatial, multi):
+    """Several spatial views a clip (ThreeCropTransform): the distinct frames are
+    resized once -> (K, U, C, h, w); -> (N, K, C, T, h, w) or (K, C, T, h, w)."""
+    aug = spatial.augment(frames)
+    k = aug.shape[0]
+    sel = aug[:, torch.tensor(flat)]  # (K, N * T, C, h, w)
+    sel = sel.reshape(k, n, -1, *sel.shape[2:]).transpose(0, 1)
+    out = spatial.finish(sel)
+    return out if multi else out[0]
 
 
 class VideoClipDataset(Dataset):
@@ -122,7 +135,8 @@ class VideoClipDataset(Dataset):
 
 class VideoWindowDataset(Dataset):
     """Inference: one item per (video, sliding window) ->
-    ``(clip (C, T, H, W), video_index, (seg_begin, seg_end))`` where the segment
+    ``(clip (C, T, H, W), video_index, (seg_begin, seg_end))`` -- the clip is
+    ``(K, C, T, H, W)`` with a K-view spatial transform (three crops) -- where the segment
     is the half-open range of frames the window covers (clipped at the video's
     end) in the annotation's numbering (1-based for jpg-built files).
 
