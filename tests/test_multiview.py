@@ -85,3 +85,40 @@ def test_window_dataset_with_clips_and_crops():
     raw, _, _ = ds[1]
     assert raw.dtype == torch.uint8 and raw.shape == (3, 4, 3, 32, 32)
     torch.testing.assert_close(normaliser(raw), clip_a1)
+
+
+def _tiny_model(n_classes=4):
+    from models import resnet
+    torch.manual_seed(0)
+    return resnet.generate_model(10, widen_factor=0.25, n_classes=n_classes).eval()
+
+
+def test_view_scores_are_the_mean_over_views_by_hand():
+    from torch.utils.data import DataLoader
+
+    from inference import ViewScores, score_views
+    records = [VideoRecord('a', 'a', 0, 20, 0, (1, 21)), VideoRecord('b', 'b', 0, 9, 1, (1, 10))]
+    even = TemporalEvenCrop(4, n_samples=2)
+    mean, std = [0.5] * 3, [0.25] * 3
+    spatial = build_eval_transform(32, mean=mean, std=std, crop='three')
+    ds = VideoWindowDataset(records, PositionLoader(), even, spatial)
+    model = _tiny_model()
+    scores = ViewScores(keep_views=True)
+    # batches of 3 items cross the boundary between the two videos
+    for batch in score_views(DataLoader(ds, batch_size=3), model, torch.device('cpu')):
+        scores.add(*batch)
+    for v, record in enumerate(records):
+        views = []
+        for k in range(2):
+            frames = PositionLoader()(record.path, even.window(record.positions, k))
+            for top, left, h, w in three_crop_boxes(32, 48, 32):
+                crop = frames[..., top:top + h, left:left + w].float() / 255
+                x = ((crop - 0.5) / 0.25).movedim(1, 0)[None]  # (1, C, T, H, W)
+                with torch.no_grad():
+                    views.append(model(x).softmax(1)[0])
+        assert scores.counts[v] == 6
+        torch.testing.assert_close(scores.mean(v), torch.stack(views).mean(0), rtol=1e-5,
+                                   atol=1e-6)
+        kept = torch.stack([p for _, _, p in scores.views[v]])
+        torch.testing.assert_close(kept, torch.stack(views), rtol=1e-5, atol=1e-6)
+        assert [crop for _, crop, _ in scores.views[v]] == [0, 1, 2] * 2
