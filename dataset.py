@@ -60,8 +60,8 @@ def _records(opt, record, subset):
     records, class_names, _ = load_record_table(
         record.annotation_path, subset, record.video_path, opt.dataset,
         file_type=opt.file_type, cache_dir=opt.result_path / INDEX_CACHE_DIR)
-    if len(class_names) != opt.n_classes:
-        raise DataError(f'--n_classes is {opt.n_classes} but {record.annotation_path} has '
+    if len(class_names) != record.n_classes:
+        raise DataError(f'--n_classes is {record.n_classes} but {record.annotation_path} has '
                         f'{len(class_names)} labels: set --n_classes {len(class_names)}')
     check_videos(records, opt.file_type)
     return records, class_names
@@ -110,9 +110,14 @@ def get_validation_data(opt, record):
 
 
 def get_inference_data(opt, record):
-    """One item per sliding window; windows of a video are contiguous."""
+    """One item per clip (sliding window, or --inference_n_clips clips spread
+    evenly); a video's clips are contiguous. With --inference_crop three an item
+    holds the clip's three crops."""
     records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset])
-    temporal = SlidingWindow(opt.sample_duration, opt.inference_stride, opt.sample_t_stride)
+    if opt.inference_n_clips > 0:
+        temporal = TemporalEvenCrop(opt.sample_duration, opt.inference_n_clips, opt.sample_t_stride)
+    else:
+        temporal = SlidingWindow(opt.sample_duration, opt.inference_stride, opt.sample_t_stride)
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop=opt.inference_crop)
@@ -177,7 +182,9 @@ def make_inference_loader(dataset, opt, ctx):
     # Whole videos per rank (their windows are averaged on one rank), balanced
     # by window count so long videos do not leave one rank behind.
     sampler = dataset.shard(ctx.rank, ctx.world_size)
-    batch = max(1, opt.inference_batch_size // ctx.world_size)
+    # The batch counts views: an item of three crops is three of them.
+    views_per_item = getattr(dataset.spatial_transform, 'n_crops', 1)
+    batch = max(1, opt.inference_batch_size // ctx.world_size // views_per_item)
     return VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
 
 

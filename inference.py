@@ -1,12 +1,15 @@
-"""Inference: sliding-window clips over whole videos, scores averaged per video,
-top-k written to <result_path>/<subset>.json in 3D-ResNets-PyTorch's format.
+"""Inference: views (clips x spatial crops) over whole videos, softmax scores
+averaged per video, top-k written to <result_path>/<subset>.json in
+3D-ResNets-PyTorch's format, with the number of views of each video.
 
-Windows are batched across videos (never one whole video at once, which ran
-out of memory on long videos in the predecessor); each rank takes whole
-videos, and rank 0 gathers the per-video scores and writes the one file.
+The clips are a sliding window (--inference_stride) or --inference_n_clips
+clips spread evenly; each is one center crop, the whole frame, or three crops
+along the long side. Views are batched across videos (a long video never has
+to fit in memory at once); each rank takes whole videos, and rank 0 gathers
+the per-video scores and writes the one file.
 """
 import json
-from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -15,54 +18,58 @@ from training import autocast_context, clips_to_device
 from utils.distributed import eval_module, gather_objects_to_main
 
 
-def _topk(scores, class_names, k):
-    k = len(class_names) if k <= 0 else min(k, len(class_names))
-    values, indices = scores.topk(k)
-    return [{'label': class_names[i], 'score': float(v)} for v, i in zip(values.tolist(),
-                                                                       indices.tolist())]
+@dataclass(frozen=True)
+class InferenceOutput:
+    """Rank 0's merged results, in the annotation's video order."""
+    results: dict  # video_id -> [{label, score}] (or per view: [{segment, [crop,] result}])
+    views: dict  # video_id -> number of views averaged
+    features: dict | None  # video_id -> mean pooled feature (float tensor), if asked
 
 
 @torch.no_grad()
-def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, average=True):
-    """topk <= 0 writes every class; average=False writes each window's result."""
+def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, average=True,
+                  feature_module=None):
+    """topk <= 0 writes every class; average=False writes each view's result.
+    feature_module: the classifier, whose input is averaged per video too.
+    Returns an InferenceOutput on rank 0, None elsewhere."""
     dataset = loader.dataset
     model = eval_module(model)
-    prob_sums = {}
-    counts = defaultdict(int)
-    per_clip = defaultdict(list)
-    for clips, video_indices, segments in tqdm(loader, desc='inference',
-                                               disable=not (ctx.is_main and config.progress_bar),
-                                               dynamic_ncols=True, leave=False):
-        clips = clips_to_device(clips, ctx.device, config.channels_last, dataset.device_normalizer)
-        with autocast_context(ctx.device, config.amp, config.amp_dtype):
-            logits = model(clips)
-        probs = logits.float().softmax(1).cpu()
-        begins, ends = segments
-        for p, v, b, e in zip(probs, video_indices.tolist(), begins.tolist(), ends.tolist()):
-            if not average:
-                per_clip[v].append(([b, e], p))
-            else:
-                prob_sums[v] = prob_sums[v] + p if v in prob_sums else p.clone()
-                counts[v] += 1
-    if not average:
-        local = {dataset.records[v].video_id:
-                 [{'segment': seg, 'result': _topk(p, class_names, topk)}
-                  for seg, p in clips_of_video]
-                 for v, clips_of_video in per_clip.items()}
-    else:
-        local = {dataset.records[v].video_id: _topk(s / counts[v], class_names, topk)
-                 for v, s in prob_sums.items()}
+    scores = ViewScores(keep_views=not average)
+    for batch in score_views(loader, model, ctx.device, dataset.device_normalizer, config.amp,
+                             config.channels_last, feature_module,
+                             progress=ctx.is_main and config.progress_bar,
+                             amp_dtype=config.amp_dtype):
+        scores.add(*batch)
+    n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
+    local = {}
+    for v, n_views in scores.counts.items():
+        entries = _view_entries(scores.views[v], class_names, topk, n_crops) if not average \
+            else topk_entries(scores.mean(v), class_names, topk)
+        feature = scores.mean_features(v) if feature_module is not None else None
+        local[dataset.records[v].video_id] = (entries, n_views, feature)
     gathered = gather_objects_to_main(local, ctx)
     if not ctx.is_main:
         return None
-    results = {}
-    for part in gathered:
-        results.update(part)
+    merged = {k: value for part in gathered for k, value in part.items()}
     # Keep the annotation's video order, whichever rank scored a video.
-    ordered = {r.video_id: results[r.video_id] for r in dataset.records if r.video_id in results}
+    ids = [r.video_id for r in dataset.records if r.video_id in merged]
+    output = InferenceOutput({v: merged[v][0] for v in ids}, {v: merged[v][1] for v in ids},
+                             {v: merged[v][2] for v in ids} if feature_module is not None else None)
     with open(result_file, 'w') as f:
-        json.dump({'results': ordered}, f)
-    return ordered
+        json.dump({'results': output.results, 'views': output.views}, f)
+    return output
+
+
+def _view_entries(views, class_names, topk, n_crops):
+    """Per-view results; 'crop' (0, 1, 2: left/top, center, right/bottom) only
+    with several crops, so single-crop files keep the predecessor's form."""
+    entries = []
+    for segment, crop, p in views:
+        entry = {'segment': segment, 'result': topk_entries(p, class_names, topk)}
+        if n_crops > 1:
+            entry = {'segment': segment, 'crop': crop, 'result': entry['result']}
+        entries.append(entry)
+    return entries
 
 
 def pooled(x):
@@ -72,8 +79,8 @@ def pooled(x):
 
 
 @torch.no_grad()
-def score_views(loader, model, device, normaliser=None, amp=False, channels_last=False,
-                feature_module=None, progress=False):
+def score_views(loader, model, device, normalizer=None, amp=False, channels_last=False,
+                feature_module=None, progress=False, amp_dtype=None):
     """Yields per batch (video indices, segments, softmax (B, K, n_classes),
     pooled features (B, K, D) or None), on the CPU; K is the spatial views of a
     clip (3 with --inference_crop three). Only one batch of views is in
@@ -88,8 +95,8 @@ def score_views(loader, model, device, normaliser=None, amp=False, channels_last
                                                    dynamic_ncols=True, leave=False):
             b = clips.shape[0]
             clips = clips.flatten(0, 1) if clips.dim() == 6 else clips
-            clips = clips_to_device(clips, device, channels_last, normaliser)
-            with autocast_context(device, amp):
+            clips = clips_to_device(clips, device, channels_last, normalizer)
+            with autocast_context(device, amp, amp_dtype):
                 logits = model(clips)
             probs = logits.float().softmax(1).view(b, -1, logits.shape[1]).cpu()
             features = captured.pop().view(b, probs.shape[1], -1).cpu() if hook else None

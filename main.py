@@ -19,9 +19,9 @@ import torch.multiprocessing as mp
 
 import dataset as data
 from datasets.annotation import SUBSET_NAMES, DataError
-from inference import run_inference
-from model import build_model, freeze_before, load_state_dict_checked, make_parallel
-from opts import OptionError, opts_to_dict, parse_opts, save_opts
+from inference import run_inference, write_features
+from model import build_model, classifier_name, freeze_before, load_state_dict_checked, make_parallel
+from opts import OptionError, option_default, opts_to_dict, parse_opts, save_opts
 from training import (
     EpochExtras,
     LoopConfig,
@@ -45,13 +45,14 @@ from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
 from utils.logs import TsvLogger
 from utils.lr_schedule import LRSchedule, ScheduleConfig, steps_per_epoch
+from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.mix import MixConfig
 from utils.run_record import RunRecord
-from utils.video_accuracy import compute_accuracy
 from validation import val_epoch
 
 # Bad input: one clear message and exit status 2, no traceback.
 USER_ERRORS = (DataError, OptionError, CheckpointError)
+VAL_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'clip_acc']
 
 
 def log(ctx, *args):
@@ -73,12 +74,11 @@ def run(opt, ctx):
     with tensorboard_writer(opt, ctx) as tb_writer:
         val_loader = data.make_val_loader(datasets.val, opt, ctx) if datasets.val is not None else None
         if datasets.train is not None:
-            ema = fit(opt, ctx, record, config, model, checkpoint, datasets.train, val_loader,
-                      tb_writer)
+            ema = fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_writer)
             if opt.inference_weights == 'ema':
                 model = ema.module
         elif val_loader is not None:
-            evaluate(ctx, record, config, model, val_loader, tb_writer)
+            evaluate(opt, ctx, record, config, model, val_loader, tb_writer, datasets.class_names)
         if datasets.infer is not None:
             infer(opt, ctx, record, config, model, datasets)
     log(ctx, f'logs, checkpoints and opts.json are in {opt.result_path}')
@@ -97,6 +97,7 @@ def prepare(opt, ctx):
         # bf16 conv3d backward gave sporadic infinite weight gradients here.
         log(ctx, '--amp is ignored on CPU: training in float32')
     video_path, annotation_path = data.data_paths(opt, ctx)
+    resume = resume_path(opt, ctx)
     return RunRecord(
         device=str(ctx.device), world_size=ctx.world_size,
         batch_per_process=data.per_process_batch(opt.batch_size, ctx),
@@ -105,7 +106,7 @@ def prepare(opt, ctx):
         normalize_on_device=opt.normalize_on_device == 'on' or
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
         video_path=video_path, annotation_path=annotation_path,
-        resume_path=resume_path(opt, ctx))
+        resume_path=resume, **fine_tuning_settings(opt, resume))
 
 
 def effective_learning_rate(opt, ctx):
@@ -127,6 +128,29 @@ def resume_path(opt, ctx):
     if latest is not None:
         log(ctx, f'auto-resume from {latest}')
     return latest
+
+
+FINE_TUNING_KEYS = ('n_classes', 'ft_begin_module', 'ft_lr_ratio')
+
+
+def fine_tuning_settings(opt, checkpoint_path):
+    """The class count, the first trained module and the backbone's lr ratio: the
+    options', or a resumed checkpoint's, so that resuming a fine-tuning run needs
+    no fine-tuning options. An option given with a value other than its default
+    and the checkpoint's is an error: a resumed run cannot change them."""
+    given = {k: getattr(opt, k) for k in FINE_TUNING_KEYS}
+    if checkpoint_path is None:
+        return given
+    checkpoint = load_checkpoint(checkpoint_path)
+    stored_opts = checkpoint.get('opts') or {}
+    settings = {}
+    for key, value in given.items():
+        stored = checkpoint.get(key, stored_opts.get(key))
+        if stored is not None and value != stored and value != option_default(key, opt.dataset):
+            raise OptionError(f'--{key} {value} differs from the {stored!r} of --resume_path '
+                              f'{checkpoint_path}: a resumed run keeps it; leave --{key} out')
+        settings[key] = value if stored is None else stored
+    return settings
 
 
 @dataclass(frozen=True)
@@ -158,7 +182,7 @@ def restore(opt, ctx, record):
     and its frozen modules; the checkpoint (None for a fresh run). Completes the
     run record."""
     torch.manual_seed(opt.manual_seed)
-    model = build_model(opt)
+    model = build_model(opt, record.n_classes, pretrained=record.resume_path is None)
     checkpoint = None
     if record.resume_path is not None:
         checkpoint = load_checkpoint(record.resume_path)
@@ -172,9 +196,9 @@ def restore(opt, ctx, record):
     elif opt.no_train and opt.inference_weights == 'ema':
         raise OptionError('--inference_weights ema without training needs --resume_path '
                           '(a checkpoint saved with --ema_decay)')
-    record.frozen_modules = freeze_before(model, opt.ft_begin_module)
+    record.frozen_modules = freeze_before(model, record.ft_begin_module)
     if record.frozen_modules:
-        log(ctx, f'frozen (fine-tuning from {opt.ft_begin_module}): '
+        log(ctx, f'frozen (fine-tuning from {record.ft_begin_module}): '
                  f'{", ".join(record.frozen_modules)}')
     clip_shape = (1, opt.n_input_channels, opt.sample_duration, opt.sample_size, opt.sample_size)
     record.n_parameters = count_parameters(model)
@@ -216,7 +240,8 @@ class Trainer:
 def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
     optimizer = make_optimizer(model, OptimizerConfig(
         opt.optimizer, record.learning_rate, momentum=opt.momentum, dampening=opt.dampening,
-        weight_decay=opt.weight_decay, nesterov=opt.nesterov))
+        weight_decay=opt.weight_decay, nesterov=opt.nesterov, head=classifier_name(opt.model),
+        backbone_lr_ratio=record.ft_lr_ratio))
     schedule = LRSchedule(optimizer, ScheduleConfig(
         opt.lr_scheduler, milestones=tuple(opt.multistep_milestones),
         plateau_patience=opt.plateau_patience, warmup_epochs=opt.warmup_epochs,
@@ -253,14 +278,14 @@ def training_logs(opt, ctx, with_val):
             if with_val:
                 ema_columns = ['ema_loss', 'ema_acc'] if opt.ema_decay > 0 else []
                 logs['val'] = stack.enter_context(TsvLogger(
-                    opt.result_path / 'val.log', ['epoch', 'loss', 'acc', 'clip_acc', *ema_columns]))
+                    opt.result_path / 'val.log', [*VAL_LOG_COLUMNS, *ema_columns]))
         yield logs
 
 
-def fit(opt, ctx, record, config, model, checkpoint, train_set, val_loader, tb_writer):
+def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_writer):
     """Epochs record.begin_epoch..n_epochs: train, validate, step the schedule,
     checkpoint. Returns the EMA model (None without --ema_decay)."""
-    train_loader = data.make_train_loader(train_set, opt, ctx)
+    train_loader = data.make_train_loader(datasets.train, opt, ctx)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=opt.label_smoothing).to(ctx.device)
     trainer = make_trainer(opt, ctx, record, model, checkpoint, len(train_loader))
     if config.mix.enabled:
@@ -290,7 +315,8 @@ def fit(opt, ctx, record, config, model, checkpoint, train_set, val_loader, tb_w
             if opt.precise_bn > 0:
                 precise_bn(model, train_loader, opt.precise_bn, ctx, config)
             if val_loader is not None:
-                val_stats = validate(epoch, val_loader, model, trainer.ema, ctx, config, tb_writer)
+                val_stats = validate(epoch, val_loader, model, trainer.ema, ctx, config, tb_writer,
+                                     datasets.class_names)
                 line += ' | ' + describe_validation(val_stats)
                 if ctx.is_main:
                     logs['val'].log(dict(epoch=epoch, **val_stats))
@@ -301,15 +327,16 @@ def fit(opt, ctx, record, config, model, checkpoint, train_set, val_loader, tb_w
             if tb_writer is not None:
                 tb_writer.flush()
             if ctx.is_main and (epoch % opt.checkpoint == 0 or epoch == opt.n_epochs):
-                save_checkpoint(opt.result_path / f'save_{epoch}.pth', epoch, opt, model, trainer)
+                save_checkpoint(opt.result_path / f'save_{epoch}.pth', epoch, opt, record, model,
+                                trainer, datasets.class_names)
             du.barrier(ctx)
     return trainer.ema
 
 
-def validate(epoch, val_loader, model, ema, ctx, config, tb_writer):
+def validate(epoch, val_loader, model, ema, ctx, config, tb_writer, class_names):
     """The raw weights' validation statistics, with the EMA weights' loss and
     video accuracy beside them (ema_loss, ema_acc) when there is an EMA."""
-    stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer)
+    stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer, class_names)
     if ema is not None:
         ema_stats = val_epoch(epoch, val_loader, ema.module, ctx, config)
         stats.update(ema_loss=ema_stats['loss'], ema_acc=ema_stats['acc'])
@@ -332,10 +359,14 @@ def describe_validation(stats):
     return text
 
 
-def save_checkpoint(path, epoch, opt, model, trainer):
+def save_checkpoint(path, epoch, opt, record, model, trainer, class_names):
+    """The predecessor's keys, plus the class names and the fine-tuning settings:
+    with 'arch' and 'opts' a checkpoint is usable alone (predict.py, resuming)."""
     save_checkpoint_atomic({
         'epoch': epoch,
         'arch': opt.arch,
+        'class_names': list(class_names),
+        **{key: getattr(record, key) for key in FINE_TUNING_KEYS},
         'state_dict': du.unwrap(model).state_dict(),
         'optimizer': trainer.optimizer.state_dict(),
         'scheduler': trainer.schedule.state_dict(),
@@ -349,31 +380,60 @@ def save_checkpoint(path, epoch, opt, model, trainer):
 
 # ----------------------------------------------------------------------------- evaluate, infer
 
-def evaluate(ctx, record, config, model, val_loader, tb_writer):
-    """Validation only (--no_train): the weights of the resumed epoch."""
-    stats = val_epoch(record.begin_epoch - 1, val_loader, model, ctx, config, tb_writer)
+def evaluate(opt, ctx, record, config, model, val_loader, tb_writer, class_names):
+    """Validation only (--no_train): the weights of the resumed epoch, appended to
+    val.log as the predecessor did (scripts read it)."""
+    epoch = record.begin_epoch - 1
+    stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer, class_names)
     log(ctx, f'validation: {describe_validation(stats)} ({stats["n_videos"]} videos)')
+    if ctx.is_main:
+        with TsvLogger(opt.result_path / 'val.log', VAL_LOG_COLUMNS) as val_log:
+            val_log.log(dict(epoch=epoch, **stats))
 
 
 def infer(opt, ctx, record, config, model, datasets):
-    """Sliding-window inference written to <result_path>/<subset>.json, and its
-    video accuracy on a labelled subset."""
+    """Inference written to <result_path>/<subset>.json (and the features file),
+    and its evaluation on a labelled subset."""
     loader = data.make_inference_loader(datasets.infer, opt, ctx)
     result_file = opt.result_path / f'{opt.inference_subset}.json'
-    run_inference(loader, model, datasets.class_names, ctx, config, result_file,
-                  topk=opt.output_topk, average=not opt.inference_no_average)
+    head = None
+    if opt.extract_features is not None:
+        head = du.unwrap(model).get_submodule(classifier_name(opt.model))
+    output = run_inference(loader, model, datasets.class_names, ctx, config, result_file,
+                           topk=opt.output_topk, average=not opt.inference_no_average,
+                           feature_module=head)
     if not ctx.is_main:
         return
-    log(ctx, f'inference results: {result_file}')
-    if opt.inference_subset == 'test':
-        return
+    views = sorted(set(output.views.values()))
+    log(ctx, f'inference results: {result_file} ({len(output.views)} videos, '
+             f'{"/".join(map(str, views))} views each)')
+    if head is not None:
+        write_features(opt.extract_features, list(output.features),
+                       list(output.features.values()), list(output.views.values()))
+        log(ctx, f'features: {opt.extract_features}')
+    if opt.inference_subset != 'test':
+        report_inference(opt, record, result_file)
+
+
+def report_inference(opt, record, result_file):
+    """Top-1/top-5 (those the file holds), mean class accuracy; the per-class
+    report and the confusion picture next to the result file."""
     subset = SUBSET_NAMES[opt.inference_subset]
-    for k in (1, 5):
-        if k > opt.n_classes or (opt.output_topk > 0 and k > opt.output_topk):
-            continue
-        acc, correct, total = compute_accuracy(record.annotation_path, result_file, k=k,
-                                               subset=subset)
-        log(ctx, f'inference top-{k} video accuracy on {subset}: {acc:.4f} ({correct}/{total})')
+    ks = tuple(k for k in (1, 5) if opt.output_topk <= 0 or k <= opt.output_topk)
+    evaluation = evaluate_file(record.annotation_path, result_file, subset, ks=ks)
+    for k, hits in evaluation.topk_hits.items():
+        print(f'inference top-{k} video accuracy on {subset}: {hits / evaluation.n_videos:.4f} '
+              f'({hits}/{evaluation.n_videos})')
+    print(f'inference mean class accuracy on {subset}: '
+          f'{evaluation.report.mean_class_accuracy:.4f}')
+    stem = opt.result_path / f'{opt.inference_subset}'
+    stem.with_name(f'{stem.name}_report.txt').write_text(
+        '\n'.join(evaluation.summary_lines()) + '\n\n' +
+        format_report(evaluation.report, evaluation.class_names) + '\n')
+    save_confusion_png(evaluation.confusion, evaluation.class_names,
+                       stem.with_name(f'{stem.name}_confusion.png'))
+    print(f'per-class report and confusion matrix: {stem}_report.txt, {stem}_confusion.png',
+          flush=True)
 
 
 def tensorboard_writer(opt, ctx):

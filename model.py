@@ -142,16 +142,15 @@ def load_pretrained_model(model, opt):
     return replace_classifier(model, opt.model, opt.n_classes)
 
 
-def build_model(opt):
-    """The network ready for training: pretrained weights loaded if asked, the
-    classifier sized for n_classes."""
-    if opt.pretrain_path is not None:
+def build_model(opt, n_classes=None, pretrained=True):
+    """The network ready for training: pretrained weights loaded if asked (not
+    when resuming, whose checkpoint replaces them: pretrained=False), the
+    classifier sized for n_classes (default --n_classes)."""
+    if opt.pretrain_path is not None and pretrained:
         n_pretrain = opt.n_pretrain_classes or opt.n_classes
         model = generate_model(opt, n_classes=n_pretrain)
-        model = load_pretrained_model(model, opt)
-    else:
-        model = generate_model(opt)
-    return model
+        return load_pretrained_model(model, opt)
+    return generate_model(opt, n_classes=n_classes)
 
 
 def freeze_before(model, ft_begin_module):

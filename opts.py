@@ -144,6 +144,9 @@ def build_parser():
               'convolutions on recent GPUs, mostly with --amp)')
     _add(g, '--amp', action='store_true',
          help='Mixed precision (bf16 autocast; fp16 with a GradScaler on GPUs without bf16)')
+    _add(g, '--ft_lr_ratio', default=1.0, type=float,
+         help='Fine-tuning: the pretrained (not frozen) layers train at this ratio of the '
+              'learning rate, the classifier at the full rate (two parameter groups)')
 
     g = p.add_argument_group('run')
     _add(g, '--resume_path', default=None, type=Path,
@@ -156,8 +159,8 @@ def build_parser():
     _add(g, '--inference_subset', default='val', type=str, choices=['train', 'val', 'test'],
          help='Subset used for inference')
     _add(g, '--inference_stride', default=16, type=int, help='Sliding-window stride (frames)')
-    _add(g, '--inference_crop', default='center', type=str, choices=['center', 'nocrop'],
-         help='Spatial crop at inference')
+    _add(g, '--inference_crop', default='center', type=str, choices=['center', 'nocrop', 'three'],
+         help='Spatial crop at inference; three: three crops along the long side')
     _add(g, '--inference_no_average', action='store_true',
          help='Write per-clip results instead of the video average')
     _add(g, '--output_topk', default=5, type=int, help='Top-k classes written by inference; <= 0: all')
@@ -169,6 +172,12 @@ def build_parser():
     _add(g, '--log_interval', default=10, type=int,
          help='Steps between progress updates and train_batch.log flushes')
     _add(g, '--no_progress', action='store_true', help='No progress bar (plain lines instead)')
+    _add(g, '--inference_n_clips', default=0, type=int,
+         help='Inference on N clips spread evenly over each video instead of the sliding '
+              'window (e.g. 10, with --inference_crop three for 30 views); 0: sliding window')
+    _add(g, '--extract_features', default=None, type=Path, metavar='PATH.h5',
+         help='With --inference: write each video\'s pooled features (the classifier\'s '
+              'input, averaged over its views) and ids to this HDF5 file')
 
     g = p.add_argument_group('model')
     _add(g, '--model', default='resnet', type=str,
@@ -262,6 +271,8 @@ def _check(opt, parser):
         parser.error('--sample_t_stride and --inference_stride must be at least 1')
     if opt.batch_size < 1:
         parser.error('--batch_size must be at least 1')
+    if opt.inference_n_clips < 0 or opt.ft_lr_ratio <= 0:
+        parser.error('--inference_n_clips must be at least 0 and --ft_lr_ratio positive')
     _check_recipe(opt, parser)
 
 
@@ -299,6 +310,13 @@ def parse_opts(argv=None):
     opt.arch = f'{opt.model}-{opt.model_depth}'
     opt.n_input_channels = 2 if opt.input_type == 'flow' else 3
     return opt
+
+
+def option_default(name, dataset=None):
+    """The default of option ``name`` (the synthetic preset's with --dataset synthetic)."""
+    if dataset == 'synthetic' and name in SYNTHETIC_DEFAULTS:
+        return SYNTHETIC_DEFAULTS[name]
+    return build_parser().get_default(name)
 
 
 def opts_to_dict(opt):

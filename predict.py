@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from dataset import VideoDataLoader
 from datasets.annotation import DataError, VideoRecord, load_class_names
 from datasets.loader import make_loader
 from datasets.spatial_transforms import EVAL_CROPS, build_eval_transform, get_mean_std
@@ -131,6 +132,8 @@ def stored_options(checkpoint, path):
                               f'main.py, so the architecture is unknown')
     options = vars(build_parser().parse_args([]))
     options.update(stored)
+    # the run's own values when it resumed without repeating them (main.py)
+    options.update({k: checkpoint[k] for k in ('n_classes', 'ft_begin_module') if k in checkpoint})
     options['n_input_channels'] = 2 if options['input_type'] == 'flow' else 3
     return argparse.Namespace(**options)
 
@@ -186,10 +189,10 @@ def build_dataset(videos, options, n_clips, stride, crop):
 def predict(dataset, model, class_names, device, args, feature_module=None):
     """{video_id: [{label, score}]}, {video_id: views} and, with a feature
     module, {video_id: mean pooled feature}."""
-    from torch.utils.data import DataLoader
     n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
-    loader = DataLoader(dataset, batch_size=max(1, args.batch_size // n_crops),
-                        num_workers=args.n_threads)
+    # VideoDataLoader: a bad video in a worker is one DataError naming it
+    loader = VideoDataLoader(dataset, batch_size=max(1, args.batch_size // n_crops),
+                             num_workers=args.n_threads)
     scores = ViewScores()
     for batch in score_views(loader, model, device, feature_module=feature_module):
         scores.add(*batch)

@@ -9,7 +9,8 @@ from torch.optim import SGD, AdamW
 from tqdm import tqdm
 
 from model import keep_frozen_eval
-from utils.distributed import all_reduce_sum
+from opts import OptionError
+from utils.distributed import all_reduce_sum, unwrap
 from utils.ema import update_ema
 from utils.mix import MixConfig, mix_batch
 from utils.precise_bn import recompute_bn_stats
@@ -39,11 +40,32 @@ class OptimizerConfig:
     dampening: float = 0.0
     weight_decay: float = 1e-3
     nesterov: bool = False
+    head: str = ''  # the classifier's module name, for backbone_lr_ratio
+    backbone_lr_ratio: float = 1.0  # --ft_lr_ratio
+
+
+def parameter_groups(model, config):
+    """Every trainable tensor (frozen ones left out): one group, or with
+    backbone_lr_ratio != 1 the head at the full rate first (param_groups[0] is
+    the rate the logs show) and the rest at ratio x the rate."""
+    named = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
+    if config.backbone_lr_ratio == 1.0:
+        return [p for _, p in named]
+    prefix = config.head + '.'
+    head = [p for n, p in named if n.startswith(prefix)]
+    rest = [p for n, p in named if not n.startswith(prefix)]
+    if not head:
+        raise OptionError(f'--ft_lr_ratio: the model has no trainable {config.head} to train at '
+                          f'the full rate')
+    groups = [{'params': head, 'lr': config.learning_rate}]
+    if rest:
+        groups.append({'params': rest, 'lr': config.learning_rate * config.backbone_lr_ratio})
+    return groups
 
 
 def make_optimizer(model, config):
-    """One parameter group with every trainable tensor (frozen ones left out)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    """SGD or AdamW over parameter_groups(model, config)."""
+    params = parameter_groups(model, config)
     if config.name == 'sgd':
         return SGD(params, lr=config.learning_rate, momentum=config.momentum,
                    dampening=config.dampening, weight_decay=config.weight_decay,

@@ -209,3 +209,14 @@ def test_validation_with_uneven_batch_counts_over_ranks(tmp_path):
 def test_shard_sampler_covers_every_item_once():
     shards = [list(ShardSampler(7, r, 3)) for r in range(3)]
     assert sorted(sum(shards, [])) == list(range(7))
+
+
+def test_validation_confusion_matrix_on_two_ranks_equals_one_process(tmp_path):
+    one = validate(SINGLE)
+    run_ranks(validate, 2, tmp_path / 'v.pth')
+    two = torch.load(tmp_path / 'v.pth', weights_only=True)
+    assert one['confusion'].shape == (N_CLASSES, N_CLASSES)
+    assert int(one['confusion'].sum()) == 7
+    assert torch.equal(one['confusion'], two['confusion'])
+    # its diagonal is the video accuracy
+    assert one['confusion'].diagonal().sum().item() / 7 == pytest.approx(one['acc'])

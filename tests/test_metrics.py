@@ -146,5 +146,5 @@ def test_confusion_picture_for_101_classes(tmp_path):
     ax = confusion_figure(m, names).axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == names
     assert [t.get_text() for t in ax.get_xticklabels()] == names
-    # row-normalised: every row with videos sums to 1
+    # row-normalized: every row with videos sums to 1
     np.testing.assert_allclose(ax.images[0].get_array().sum(1)[m.sum(1) > 0], 1)

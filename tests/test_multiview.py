@@ -1,12 +1,14 @@
 """Multi-view testing pieces: evenly spread clips one item at a time, three
 crops along the long side, and the data set that serves them."""
+import json
+
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from datasets.annotation import VideoRecord
-from datasets.spatial_transforms import (ThreeCropTransform, build_eval_transform,
-                                         three_crop_boxes)
+from datasets.spatial_transforms import ThreeCropTransform, build_eval_transform, three_crop_boxes
 from datasets.temporal_transforms import TemporalEvenCrop
 from datasets.videodataset import VideoWindowDataset
 
@@ -46,7 +48,7 @@ def test_three_crop_transform_pixels():
     assert views.shape == (3, 2, 3, 32, 32)
     for view, left in zip(views, (0, 8, 16)):
         torch.testing.assert_close(view, small[..., left:left + 32])
-    out = t(clip)  # normalised, (K, C, T, H, W); identity statistics at scale 255
+    out = t(clip)  # normalized, (K, C, T, H, W); identity statistics at scale 255
     assert out.shape == (3, 3, 2, 32, 32) and out.dtype == torch.float32
     torch.testing.assert_close(out[2], small[..., 16:48].float().movedim(1, 0))
     # the middle view is what crop='center' gives
@@ -80,11 +82,11 @@ def test_window_dataset_with_clips_and_crops():
     clip, v, segment = ds[4]  # video b (5 frames, room 1): starts 0, 0, 1
     assert v == 1 and segment == (1, 5)
     np.testing.assert_array_equal(clip[0, 0, :, 0, 0].numpy(), [0, 4, 8, 12])
-    # deferred normalisation: uint8 (K, T, C, H, W), normalised after the copy
-    normaliser = spatial.defer_normalisation()
+    # deferred normalization: uint8 (K, T, C, H, W), normalized after the copy
+    normalizer = spatial.defer_normalization()
     raw, _, _ = ds[1]
     assert raw.dtype == torch.uint8 and raw.shape == (3, 4, 3, 32, 32)
-    torch.testing.assert_close(normaliser(raw), clip_a1)
+    torch.testing.assert_close(normalizer(raw), clip_a1)
 
 
 def _tiny_model(n_classes=4):
@@ -94,8 +96,6 @@ def _tiny_model(n_classes=4):
 
 
 def test_view_scores_are_the_mean_over_views_by_hand():
-    from torch.utils.data import DataLoader
-
     from inference import ViewScores, score_views
     records = [VideoRecord('a', 'a', 0, 20, 0, (1, 21)), VideoRecord('b', 'b', 0, 9, 1, (1, 10))]
     even = TemporalEvenCrop(4, n_samples=2)
@@ -105,20 +105,64 @@ def test_view_scores_are_the_mean_over_views_by_hand():
     model = _tiny_model()
     scores = ViewScores(keep_views=True)
     # batches of 3 items cross the boundary between the two videos
-    for batch in score_views(DataLoader(ds, batch_size=3), model, torch.device('cpu')):
+    for batch in score_views(DataLoader(ds, batch_size=3), model, torch.device('cpu'),
+                             feature_module=model.fc):
         scores.add(*batch)
     for v, record in enumerate(records):
-        views = []
+        views, logits = [], []
         for k in range(2):
             frames = PositionLoader()(record.path, even.window(record.positions, k))
             for top, left, h, w in three_crop_boxes(32, 48, 32):
                 crop = frames[..., top:top + h, left:left + w].float() / 255
                 x = ((crop - 0.5) / 0.25).movedim(1, 0)[None]  # (1, C, T, H, W)
                 with torch.no_grad():
-                    views.append(model(x).softmax(1)[0])
+                    logits.append(model(x)[0])
+                views.append(logits[-1].softmax(0))
         assert scores.counts[v] == 6
+        # the classifier is linear: applied to the mean feature it gives the mean logits
+        with torch.no_grad():
+            torch.testing.assert_close(model.fc(scores.mean_features(v)),
+                                       torch.stack(logits).mean(0), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(scores.mean(v), torch.stack(views).mean(0), rtol=1e-5,
                                    atol=1e-6)
         kept = torch.stack([p for _, _, p in scores.views[v]])
         torch.testing.assert_close(kept, torch.stack(views), rtol=1e-5, atol=1e-6)
         assert [crop for _, crop, _ in scores.views[v]] == [0, 1, 2] * 2
+
+
+def _infer_worker(ctx, out_path):
+    """run_inference of 3 videos x 2 clips x 3 crops on ctx's ranks."""
+    from dataclasses import replace
+
+    from inference import run_inference
+    from training import LoopConfig
+    records = [VideoRecord(name, name, 0, n, 0, (1, n + 1))
+               for name, n in (('a', 20), ('b', 9), ('c', 14))]
+    spatial = build_eval_transform(32, mean=[0.5] * 3, std=[0.25] * 3, crop='three')
+    ds = VideoWindowDataset(records, PositionLoader(), TemporalEvenCrop(4, n_samples=2), spatial)
+    ds.device_normalizer = None
+    loader = DataLoader(ds, batch_size=2, sampler=ds.shard(ctx.rank, ctx.world_size))
+    model = _tiny_model()
+    config = replace(LoopConfig(), progress_bar=False)
+    out = run_inference(loader, model, ['w', 'x', 'y', 'z'], ctx, config, out_path.with_suffix(
+        f'.{ctx.world_size}.json'), topk=0, feature_module=model.fc)
+    if ctx.is_main:
+        torch.save({'results': out.results, 'views': out.views, 'features': out.features},
+                   out_path.with_suffix(f'.{ctx.world_size}.pth'))
+
+
+def test_multiview_inference_on_two_ranks_equals_one(tmp_path):
+    from tests.dist_helpers import run_ranks
+    from utils.distributed import DistContext
+    _infer_worker(DistContext(), tmp_path / 'out')
+    run_ranks(_infer_worker, 2, tmp_path / 'out')
+    one, two = (torch.load(tmp_path / f'out.{n}.pth', weights_only=True) for n in (1, 2))
+    assert list(one['results']) == list(two['results']) == ['a', 'b', 'c']
+    assert one['views'] == two['views'] == {'a': 6, 'b': 6, 'c': 6}
+    for v in 'abc':
+        assert [e['label'] for e in one['results'][v]] == [e['label'] for e in two['results'][v]]
+        assert [e['score'] for e in two['results'][v]] == pytest.approx(
+            [e['score'] for e in one['results'][v]], abs=1e-6)
+        torch.testing.assert_close(one['features'][v], two['features'][v])
+    written = json.loads((tmp_path / 'out.2.json').read_text())
+    assert written['views'] == {'a': 6, 'b': 6, 'c': 6} and list(written['results']) == ['a', 'b', 'c']

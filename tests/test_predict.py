@@ -1,11 +1,50 @@
-"""predict.py: finding the videos, the model from the checkpoint alone, and the
-same answer as --inference."""
+"""predict.py and the evaluation outputs of main.py: finding the videos, the model
+from the checkpoint alone, the same answer as --inference for a frame folder, an
+hdf5 file and an .mp4; the features file; the report after inference; a
+validation-only run's val.log and TensorBoard confusion matrix."""
+import json
+import shutil
+
 import h5py
 import numpy as np
 import pytest
+import torch
 
+import main
 import predict
 from datasets.annotation import DataError
+from tests.conftest import tiny_args
+from utils.logs import read_tsv
+
+MAIN_VIEWS = ('--inference_n_clips', '2', '--inference_crop', 'three')
+PREDICT_VIEWS = ('--n_clips', '2', '--crop', 'three')
+
+
+@pytest.fixture(scope='module')
+def trained(tiny_synthetic, tmp_path_factory):
+    """One epoch of the tiny model, then 2-clip x 3-crop inference on the
+    validation videos with every class's score and the features."""
+    video_path, annotation_path = tiny_synthetic
+    out = tmp_path_factory.mktemp('trained')
+    main.main(tiny_args(video_path, annotation_path, out, '--n_epochs', '1', '--no_val',
+                        '--inference', *MAIN_VIEWS, '--output_topk', '0',
+                        '--extract_features', str(out / 'features.h5')))
+    annotation = json.loads(annotation_path.read_text())
+    val = [(v, e['annotations']['label']) for v, e in annotation['database'].items()
+           if e['subset'] == 'validation']
+    return video_path, annotation_path, out, val
+
+
+def _scores(entries):
+    return {e['label']: e['score'] for e in entries}
+
+
+def _hdf5_from_jpgs(folder, path):
+    frames = sorted(folder.glob('image_*.jpg'))
+    with h5py.File(path, 'w') as f:
+        data = f.create_dataset('video', (len(frames),), dtype=h5py.vlen_dtype(np.uint8))
+        for i, frame in enumerate(frames):
+            data[i] = np.frombuffer(frame.read_bytes(), dtype=np.uint8)
 
 
 def _frames(folder, n=3):
@@ -17,7 +56,7 @@ def _frames(folder, n=3):
 def test_find_inputs_one_video_or_a_folder_of_them(tmp_path):
     _frames(tmp_path / 'clips' / 'walk_01')
     with h5py.File(tmp_path / 'clips' / 'run_02.hdf5', 'w') as f:
-        f.create_dataset('video', data=np.zeros(2, dtype=h5py.vlen_dtype(np.uint8)))
+        f.create_dataset('video', (2,), dtype=h5py.vlen_dtype(np.uint8))
     (tmp_path / 'clips' / 'jump_03.mp4').write_bytes(b'')
     (tmp_path / 'clips' / 'notes.txt').write_text('not a video')
     (tmp_path / 'clips' / 'empty_folder').mkdir()
@@ -41,3 +80,101 @@ def test_find_inputs_errors(tmp_path):
     (tmp_path / 'x.avi').write_bytes(b'')
     with pytest.raises(DataError, match="two videos named 'x'"):
         predict.find_inputs(tmp_path)
+
+
+def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys):
+    video_path, _, out, val = trained
+    (v0, label0), (v1, label1) = val[0], val[3]
+    inputs = tmp_path / 'inputs'
+    shutil.copytree(video_path / label0 / v0, inputs / v0)
+    _hdf5_from_jpgs(video_path / label1 / v1, inputs / f'{v1}.hdf5')
+    features = tmp_path / 'f.h5'
+    assert predict.main([str(out / 'save_1.pth'), str(inputs), *PREDICT_VIEWS, '--topk', '0',
+                         '--json', '--n_threads', '0', '--extract_features', str(features)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    inferred = json.loads((out / 'val.json').read_text())
+    assert sorted(printed['results']) == sorted([v0, v1])
+    for v in (v0, v1):
+        assert printed['views'][v] == inferred['views'][v] == 6
+        assert printed['results'][v][0]['label'] == inferred['results'][v][0]['label']
+        mine, theirs = _scores(printed['results'][v]), _scores(inferred['results'][v])
+        assert mine == pytest.approx(theirs, abs=1e-5)
+    with h5py.File(features) as mine, h5py.File(out / 'features.h5') as theirs:
+        ids = [i.decode() for i in theirs['video_ids'][:]]
+        for row, v in enumerate(i.decode() for i in mine['video_ids'][:]):
+            np.testing.assert_allclose(mine['features'][row], theirs['features'][ids.index(v)],
+                                       rtol=1e-4, atol=1e-6)
+
+
+def _file_types():
+    from opts import build_parser
+    return next(a.choices for a in build_parser()._actions if a.dest == 'file_type')
+
+
+@pytest.mark.skipif('video' not in _file_types(), reason='--file_type video not available yet')
+def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys):
+    from tests.video_files import videos_from_jpgs
+    video_path, annotation_path, out, val = trained
+    mp4_root = videos_from_jpgs(video_path, tmp_path / 'mp4')
+    result = tmp_path / 'r'
+    main.main(tiny_args(mp4_root, annotation_path, result, '--no_train', '--no_val',
+                        '--resume_path', str(out / 'save_1.pth'), '--inference', *MAIN_VIEWS,
+                        '--file_type', 'video', '--output_topk', '0'))
+    inferred = json.loads((result / 'val.json').read_text())['results']
+    capsys.readouterr()
+    v, label = val[1]
+    assert predict.main([str(out / 'save_1.pth'), str(mp4_root / label / f'{v}.mp4'),
+                         *PREDICT_VIEWS, '--topk', '0', '--json', '--n_threads', '0']) == 0
+    printed = json.loads(capsys.readouterr().out)['results']
+    assert list(printed) == [v]
+    assert printed[v][0]['label'] == inferred[v][0]['label']
+    assert _scores(printed[v]) == pytest.approx(_scores(inferred[v]), abs=1e-5)
+
+
+def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_path, capsys):
+    video_path, annotation_path, out, val = trained
+    v, label = val[0]
+    assert predict.main([str(out / 'save_1.pth'), str(video_path / label / v), '--topk', '2',
+                         '--n_threads', '0']) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f'{v}: ') and line.count('(') == 2
+    old = torch.load(out / 'save_1.pth', weights_only=True)
+    del old['class_names']
+    torch.save(old, tmp_path / 'old.pth')
+    assert predict.main([str(tmp_path / 'old.pth'), str(video_path / label / v)]) == 2
+    assert 'stores no class names' in capsys.readouterr().err
+    assert predict.main([str(tmp_path / 'old.pth'), str(video_path / label / v),
+                         '--annotation_path', str(annotation_path), '--n_threads', '0']) == 0
+    assert capsys.readouterr().out.strip().startswith(f'{v}: ')
+
+
+def test_features_file_shapes_and_ids(trained):
+    _, _, out, val = trained
+    with h5py.File(out / 'features.h5') as f:
+        assert [i.decode() for i in f['video_ids'][:]] == [v for v, _ in val]
+        # resnet-10 at width 0.25: 128 channels into the classifier
+        assert f['features'].shape == (len(val), 128) and f['features'].dtype == np.float32
+        assert f['n_views'][:].tolist() == [6] * len(val)
+
+
+def test_report_after_inference(trained):
+    _, annotation_path, out, _ = trained
+    report = (out / 'val_report.txt').read_text()
+    assert 'top-1 accuracy' in report and 'mean class accuracy' in report
+    assert report.count('\n') > 10 and 'macro avg' in report
+    assert (out / 'val_confusion.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def test_validation_only_run_writes_val_log_and_tensorboard_confusion(trained, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    video_path, annotation_path, out, _ = trained
+    result = tmp_path / 'val_only'
+    main.main(tiny_args(video_path, annotation_path, result, '--no_train', '--tensorboard',
+                        '--resume_path', str(out / 'save_1.pth')))
+    rows = read_tsv(result / 'val.log')
+    assert len(rows) == 1 and rows[0]['epoch'] == '1'
+    assert 0 <= float(rows[0]['acc']) <= 1
+    events = EventAccumulator(str(result), size_guidance={'images': 0}).Reload()
+    assert 'val/confusion' in events.Tags()['images']
+    assert 'val/class_accuracy' in events.Tags()['histograms']
+    assert [e.step for e in events.Scalars('val/mean_class_accuracy')] == [1]

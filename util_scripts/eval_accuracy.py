@@ -38,7 +38,7 @@ def main(argv=None):
     parser.add_argument('--report', action='store_true',
                         help='print per-class precision, recall, F1 and support')
     parser.add_argument('--confusion', type=Path, default=None, metavar='PATH.png',
-                        help='draw the row-normalised confusion matrix to this PNG')
+                        help='draw the row-normalized confusion matrix to this PNG')
     args = parser.parse_args(argv)
 
     try:
@@ -50,7 +50,7 @@ def main(argv=None):
         raise SystemExit(f'error: {e}')
     print('\n'.join(evaluation.summary_lines()))
     if args.report:
-        print(format_report(evaluation.report, evaluation.class_names))
+        print('\n' + format_report(evaluation.report, evaluation.class_names))
     if args.confusion is not None:
         save_confusion_png(evaluation.confusion, evaluation.class_names, args.confusion)
         print(f'confusion matrix: {args.confusion}')

@@ -174,13 +174,13 @@ def evaluate_file(gt_path, result_path, subset='validation', ignore=False, ks=(1
     return evaluate_ranked(ground_truth, results, class_names, ignore=ignore, ks=ks)
 
 
-def _row_normalised(confusion):
+def _row_normalized(confusion):
     confusion = np.asarray(confusion, dtype=np.float64)
     return _ratio(confusion, confusion.sum(1, keepdims=True))
 
 
-def confusion_figure(confusion, class_names, title='confusion matrix (row-normalised)'):
-    """A matplotlib Figure of the row-normalised matrix, labelled on both axes.
+def confusion_figure(confusion, class_names, title='confusion matrix (row-normalized)'):
+    """A matplotlib Figure of the row-normalized matrix, labelled on both axes.
 
     The figure grows with the class count (about 0.12 inch a class past 20) and
     the label font shrinks, so 8 and 101 classes are both readable; cell values
@@ -188,9 +188,9 @@ def confusion_figure(confusion, class_names, title='confusion matrix (row-normal
     """
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
     n = len(class_names)
-    rates = _row_normalised(confusion)
+    rates = _row_normalized(confusion)
     side = max(4.0, min(40.0, 2.5 + 0.12 * max(n, 20)))
-    font = 9 if n <= 20 else max(3, int(180 / n) + 2)
+    font = 9 if n <= 20 else max(4, min(9, 650 // n))
     fig = Figure(figsize=(side + 1.5, side), dpi=100, layout='constrained')
     ax = fig.add_subplot()
     image = ax.imshow(rates, vmin=0, vmax=1, cmap='Blues', interpolation='nearest')

@@ -21,6 +21,10 @@ class RunRecord:
     n_parameters: int = 0
     gflops_per_clip: float = 0.0
     frozen_modules: tuple[str, ...] = ()
+    # The options', or a resumed checkpoint's (a resumed run cannot change them).
+    n_classes: int = 0
+    ft_begin_module: str = ''
+    ft_lr_ratio: float = 1.0
 
     def to_dict(self):
         return {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
