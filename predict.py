@@ -29,6 +29,7 @@ from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name, generate_model, load_state_dict_checked
 from opts import OptionError, build_parser
 from utils.checkpoint import CheckpointError, load_checkpoint
+from utils.ema import inference_state_dict
 
 HDF5_SUFFIXES = ('.hdf5', '.h5')
 
@@ -148,8 +149,9 @@ def class_names_of(checkpoint, path, annotation_path=None):
     return list(names)
 
 
-def load_trained_model(path, annotation_path=None, device='cpu'):
-    """(network in eval mode on ``device``, its options, its class names)."""
+def load_trained_model(path, annotation_path=None, device='cpu', weights='raw'):
+    """(network in eval mode on ``device``, its options, its class names);
+    weights='ema' takes the checkpoint's EMA weights (--ema_decay runs)."""
     checkpoint = load_checkpoint(path)
     options = stored_options(checkpoint, path)
     class_names = class_names_of(checkpoint, path, annotation_path)
@@ -157,7 +159,8 @@ def load_trained_model(path, annotation_path=None, device='cpu'):
         raise OptionError(f'{path} has {options.n_classes} classes but {len(class_names)} '
                           f'class names were found: check --annotation_path')
     model = generate_model(options)
-    load_state_dict_checked(model, checkpoint['state_dict'], f'checkpoint {path}', options)
+    state_dict = inference_state_dict(checkpoint, weights, f'checkpoint {path}')
+    load_state_dict_checked(model, state_dict, f'checkpoint {path}', options)
     return model.to(device).eval(), options, class_names
 
 
@@ -228,6 +231,8 @@ def parse_args(argv=None):
                         'averaged over the views) to this HDF5 file')
     p.add_argument('--annotation_path', type=Path, default=None,
                    help='class names for a checkpoint that does not store them')
+    p.add_argument('--weights', default='raw', choices=['raw', 'ema'],
+                   help='the trained weights, or their EMA (runs with --ema_decay)')
     p.add_argument('--no_cuda', action='store_true', help='run on the CPU')
     args = p.parse_args(argv)
     if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1:
@@ -245,7 +250,7 @@ def main(argv=None):
     try:
         videos = find_inputs(args.video)
         model, options, class_names = load_trained_model(args.checkpoint, args.annotation_path,
-                                                         device)
+                                                         device, args.weights)
         dataset = build_dataset(videos, options, args.n_clips, args.stride, args.crop)
         head = None
         if args.extract_features is not None:

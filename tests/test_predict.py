@@ -146,6 +146,9 @@ def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_pat
     assert predict.main([str(tmp_path / 'old.pth'), str(video_path / label / v),
                          '--annotation_path', str(annotation_path), '--n_threads', '0']) == 0
     assert capsys.readouterr().out.strip().startswith(f'{v}: ')
+    assert predict.main([str(out / 'save_1.pth'), str(video_path / label / v), '--weights',
+                         'ema']) == 2
+    assert 'holds no EMA weights' in capsys.readouterr().err
 
 
 def test_features_file_shapes_and_ids(trained):
