@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from datasets.frame_check import check_frames, needed_ranges
+
 __all__ = ['DataError', 'VideoRecord', 'load_annotations', 'load_class_names',
            'check_videos', 'frame_file_name', 'hdf5_frame_count', 'STANDARD_DATASETS',
            'SUBSETS', 'SUBSET_NAMES']
@@ -382,23 +384,35 @@ def _check_one(item) -> str | None:
 
 def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
                  n_sample: int | None = None, max_listed: int = 5,
-                 n_threads: int = 16) -> None:
+                 n_threads: int = 16, mode: str = 'last', input_type: str = 'rgb',
+                 cache_dir=None) -> None:
     """Verify that every video exists and has the frames its segment needs.
 
-    One stat per video (jpg: the last needed ``image_XXXXX.jpg``; hdf5: open
-    and read the length; video: open the container), run on a thread pool so that network file systems
-    are fast too.  ``n_sample``: check only that many videos drawn at random
-    (fixed seed).  Raises :class:`DataError` listing the first bad videos.
+    ``mode`` 'last': one look per video (jpg: stat the last needed
+    ``image_XXXXX.jpg``; hdf5: open and read the length; video: open the
+    container).  'all': jpg folders are listed once each (every needed frame
+    must be there), hdf5 and video files are looked at as by 'last'.
+    'decode': every needed frame is decoded.  See :mod:`datasets.frame_check`;
+    a clean 'all'/'decode' result is cached in ``cache_dir``.  Runs on a
+    thread pool so that network file systems are fast too.  ``n_sample``:
+    check only that many videos drawn at random (fixed seed).  Raises
+    :class:`DataError` listing the first bad videos.
     """
-    needed: dict[str, int] = {}
-    for r in records:
-        end = r.first_frame + r.n_frames
-        if needed.get(r.path, -1) < end:
-            needed[r.path] = end
-    items = [(p, n, file_type) for p, n in needed.items()]
+    listing = mode == 'decode' or (mode == 'all' and file_type == 'jpg')
+    if not listing:
+        needed: dict[str, int] = {}
+        for r in records:
+            end = r.first_frame + r.n_frames
+            if needed.get(r.path, -1) < end:
+                needed[r.path] = end
+        items = [(p, n, file_type) for p, n in needed.items()]
+    else:
+        items = list(needed_ranges(records).items())
     if n_sample is not None and n_sample < len(items):
         items = random.Random(0).sample(items, n_sample)
-    if len(items) > 64 and n_threads > 1:
+    if listing:
+        problems = check_frames(items, mode, file_type, input_type, n_threads, cache_dir)
+    elif len(items) > 64 and n_threads > 1:
         with ThreadPoolExecutor(n_threads) as pool:
             problems = [p for p in pool.map(_check_one, items, chunksize=64) if p]
     else:
@@ -410,6 +424,7 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
         listed = '\n  '.join(problems[:max_listed])
         more = f'\n  ... and {len(problems) - max_listed} more' \
             if len(problems) > max_listed else ''
-        raise DataError(f'{len(problems)} of {len(items)} videos are missing or too short '
-                        f'({file_type}):\n  {listed}{more}\nFix: {fix}')
+        raise DataError(f'{len(problems)} of {len(items)} videos are missing, too short or '
+                        f'unreadable ({file_type}, --check_frames {mode}):\n  {listed}{more}\n'
+                        f'Fix: {fix}')
 

@@ -1,4 +1,8 @@
+import errno
+import io
+import os
 import random
+import tempfile
 
 import numpy as np
 import pytest
@@ -61,3 +65,54 @@ def test_tsv_logger_appends_without_second_header(tmp_path):
     log.close()
     assert path.read_text() == 'epoch\tloss\n1\t0.5\n2\t0.25\n'
     assert read_tsv(path)[1] == {'epoch': '2', 'loss': '0.25'}
+
+
+def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    ck.save_checkpoint_atomic({'epoch': 1, 'state_dict': {'w': torch.ones(3)}},
+                              tmp_path / 'save_1.pth')
+    real_fdopen = os.fdopen
+
+    class FullDisk(io.FileIO):
+        def write(self, b):
+            if self.tell() + len(b) > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(b)
+
+    monkeypatch.setattr(os, 'fdopen', lambda fd, mode: FullDisk(fd, 'w'))
+    with pytest.raises(ck.CheckpointWriteError) as info:
+        ck.save_checkpoint_atomic({'epoch': 2, 'state_dict': {'w': torch.zeros(10_000)}},
+                                  tmp_path / 'save_2.pth')
+    monkeypatch.setattr(os, 'fdopen', real_fdopen)
+    msg = str(info.value)
+    assert 'No space left on device' in msg and 'save_2.pth' in msg and '\n' not in msg
+    assert 'unexpected pos' not in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['save_1.pth']  # no temporary left
+    assert ck.find_latest_checkpoint(tmp_path) == tmp_path / 'save_1.pth'
+
+
+def test_folder_refusing_new_files(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(tempfile, 'mkstemp', refuse)
+    with pytest.raises(ck.CheckpointWriteError, match='Permission denied'):
+        ck.save_checkpoint_atomic({'epoch': 1}, tmp_path / 'save_1.pth')
+
+
+def test_a_text_file_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / 'notes.txt'
+    path.write_text('epoch 3 was good\n')
+    with pytest.raises(ck.CheckpointError, match='notes.txt is not a checkpoint'):
+        ck.load_checkpoint(path)
+    weights = tmp_path / 'weights.pth'
+    torch.save({'conv1.weight': torch.ones(1)}, weights)
+    with pytest.raises(ck.CheckpointError, match='not a training checkpoint.*conv1.weight'):
+        ck.load_training_checkpoint(weights)
+    truncated = tmp_path / 'save_1.pth'
+    ck.save_checkpoint_atomic({'epoch': 1, 'state_dict': {}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    with pytest.raises(ck.CheckpointError, match='truncated'):
+        ck.load_checkpoint(truncated)
+    good = tmp_path / 'save_2.pth'
+    ck.save_checkpoint_atomic({'epoch': 2, 'state_dict': {}}, good)
+    assert ck.load_training_checkpoint(good)['epoch'] == 2

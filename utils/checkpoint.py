@@ -9,10 +9,17 @@ import numpy as np
 import torch
 
 CHECKPOINT_RE = re.compile(r'^save_(\d+)\.pth$')
+# save_checkpoint_atomic's temporaries: '.' + target name + mkstemp's random part + '.tmp'.
+TEMPORARY_RE = re.compile(r'^\.save_[^/]*\.pth\.[A-Za-z0-9_]+\.tmp$')
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded; the message names the file."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint failed (disk full, folder not writable); the previous
+    checkpoints are untouched."""
 
 
 def strip_module_prefix(state_dict):
@@ -28,28 +35,106 @@ def load_checkpoint(path, map_location='cpu'):
     if not path.is_file():
         raise CheckpointError(f'checkpoint {path} does not exist: check the path '
                                 f'(it is prefixed with --root_path when that is set)')
+    if not _looks_like_torch_save(path):
+        raise CheckpointError(f'{path} is not a checkpoint (not a file written by torch.save): '
+                              f'check the path')
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated file, foreign pickle, ...
         raise CheckpointError(f'cannot load checkpoint {path} with weights_only=True '
-                              f'(truncated, or it holds pickled code): {e}') from e
+                              f'(truncated, or it holds pickled code): {_first_line(e)}') from e
+
+
+def load_training_checkpoint(path, map_location='cpu'):
+    """A checkpoint to resume from: a dict with at least 'epoch' and 'state_dict'."""
+    ckpt = load_checkpoint(path, map_location)
+    if not isinstance(ckpt, dict) or 'state_dict' not in ckpt or 'epoch' not in ckpt:
+        keys = ', '.join(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f'{path} is not a training checkpoint (it needs "epoch" and '
+                              f'"state_dict", it has: {keys or "nothing"}): use a save_<epoch>.pth '
+                              f'of a run, or --pretrain_path for bare weights')
+    return ckpt
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _looks_like_torch_save(path):
+    """torch.save writes a zip archive (before torch 1.6 a pickle: protocol byte 0x80);
+    a truncated one still starts like one and gets load's own message."""
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    return head.startswith(b'PK\x03\x04') or head[:1] == b'\x80'
 
 
 def save_checkpoint_atomic(obj, path):
     """Writes to a temporary file in the same folder, then renames: a kill during
     the write never leaves a corrupt save_<epoch>.pth behind."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
+    except OSError as e:
+        raise CheckpointWriteError(f'cannot create a file in {path.parent} to write checkpoint '
+                                   f'{path.name} ({e.strerror}): fix the folder\'s permissions '
+                                   f'or free space, then resume; earlier checkpoints are '
+                                   f'intact') from e
     try:
         with os.fdopen(fd, 'wb') as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
+        os_error = _os_error_in_chain(e)
+        if os_error is None:
+            raise
+        # torch.save reports a failed write as "unexpected pos ..."; say what failed.
+        reason = os_error.strerror or str(os_error)
+        raise CheckpointWriteError(f'cannot write checkpoint {path} ({reason}): free space or '
+                                   f'fix the folder\'s permissions, then resume; earlier '
+                                   f'checkpoints are intact') from e
+
+
+def _os_error_in_chain(error):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def remove_stale_temporaries(result_path):
+    """Deletes the temporaries of checkpoint writes that were killed (they are
+    never renamed into place). Call only while holding the result folder's
+    lock: a live writer's temporary matches the same pattern. Returns the names."""
+    result_path = Path(result_path)
+    if not result_path.is_dir():
+        return []
+    removed = []
+    for p in result_path.iterdir():
+        if TEMPORARY_RE.match(p.name) and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p.name)
+    return sorted(removed)
+
+
+def list_checkpoints(result_path):
+    """save_<epoch>.pth files of result_path as sorted (epoch, path) pairs."""
+    result_path = Path(result_path)
+    if not result_path.is_dir():
+        return []
+    found = []
+    for p in result_path.iterdir():
+        m = CHECKPOINT_RE.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
 
 
 def find_latest_checkpoint(result_path):

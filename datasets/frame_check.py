@@ -1,0 +1,154 @@
+"""Up-front check that every frame a run will read is there (--check_frames).
+
+* ``last``: one stat per video, of the last needed frame (the check before
+  --check_frames existed).
+* ``all``: one directory listing per jpg video; every frame the annotation
+  names must be in it (hdf5 and video files: as ``last``, see check_videos).
+* ``decode``: reads and decodes every needed frame (finds zero-byte and
+  corrupt files too).
+
+Videos run on a thread pool (the listing and reading release the GIL; that
+matters most on network file systems). A check that found nothing wrong is
+remembered in a cache file keyed by the mode and the exact list of videos and
+frame ranges, so the next start on the same data skips it. The cache does not
+look at the disk again: after changing frames on disk, delete the cache file
+(its path is printed) or rely on --on_bad_video during training.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+MODES = ('last', 'all', 'decode')
+DECODE_CHUNK = 64  # frames decoded at once: bounds the memory of a long video
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return Path(base) / '3d-resnets-pytorch' / 'frame_check'
+
+
+def needed_ranges(records) -> dict[str, list[tuple[int, int]]]:
+    """Per video path, the merged half-open ranges of 0-based positions its
+    records use (several ActivityNet segments can share one video)."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for r in records:
+        spans.setdefault(r.path, []).append((r.first_frame, r.first_frame + r.n_frames))
+    merged = {}
+    for path, ranges in spans.items():
+        ranges.sort()
+        out = [list(ranges[0])]
+        for a, b in ranges[1:]:
+            if a <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        merged[path] = [(a, b) for a, b in out]
+    return merged
+
+
+class _FrameNames:
+    """image_{p+1:05d}.jpg for positions 0..n, formatted once and sliced."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def upto(self, end: int) -> list[str]:
+        from datasets.annotation import frame_file_name
+        while len(self.names) < end:
+            self.names.append(frame_file_name(len(self.names)))
+        return self.names
+
+
+def _check_listing(path: str, ranges, names: list[str]) -> str | None:
+    try:
+        present = set(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return f'{path}: folder missing'
+    except OSError as e:
+        return f'{path}: cannot list the folder ({e.strerror})'
+    if all(present.issuperset(names[a:b]) for a, b in ranges):
+        return None
+    missing = [n for a, b in ranges for n in names[a:b] if n not in present]
+    shown = ', '.join(missing[:3]) + (f' and {len(missing) - 3} more' if len(missing) > 3 else '')
+    total = sum(b - a for a, b in ranges)
+    return f'{path}: {len(missing)} of the {total} frames it needs are missing ({shown})'
+
+
+def _check_decode(path: str, ranges, loader) -> str | None:
+    from datasets.annotation import DataError
+    try:
+        for a, b in ranges:
+            for start in range(a, b, DECODE_CHUNK):
+                loader(path, range(start, min(b, start + DECODE_CHUNK)))
+    except DataError as e:
+        return str(e).split(': re-extract')[0]
+    except (OSError, RuntimeError) as e:
+        return f'{path}: reading frames failed ({e})'
+    return None
+
+
+def cache_key(items, mode: str, file_type: str, input_type: str) -> str:
+    h = hashlib.sha256(f'{mode}|{file_type}|{input_type}\n'.encode())
+    for path, ranges in sorted(items):
+        h.update(f'{path}\t{ranges}\n'.encode())
+    return h.hexdigest()[:32]
+
+
+def check_frames(items, mode: str = 'all', file_type: str = 'jpg', input_type: str = 'rgb',
+                 n_threads: int = 16, cache_dir=None) -> list[str]:
+    """Problems (one line per bad video) of ``items``: (path, ranges) pairs
+    (or the dict :func:`needed_ranges` makes). Empty when all is well; an empty result is
+    cached in ``cache_dir`` (None: no cache)."""
+    if mode not in ('all', 'decode'):
+        raise ValueError(f'check_frames mode must be all or decode, got {mode!r}')
+    items = list(items.items()) if isinstance(items, dict) else list(items)
+    cache_file = None
+    if cache_dir is not None:
+        cache_file = Path(cache_dir) / f'{cache_key(items, mode, file_type, input_type)}.ok'
+        if cache_file.is_file():
+            return []
+    check = _make_check(mode, file_type, input_type, items)
+    if len(items) > 64 and n_threads > 1:
+        with ThreadPoolExecutor(n_threads) as pool:
+            problems = [p for p in pool.map(check, items, chunksize=64) if p]
+    else:
+        problems = [p for p in map(check, items) if p]
+    if not problems and cache_file is not None:
+        _write_cache(cache_file, len(items), mode)
+    return problems
+
+
+def _make_check(mode: str, file_type: str, input_type: str, items):
+    if mode == 'decode':
+        from datasets.loader import make_loader
+        loader = make_loader(file_type, input_type)
+        return lambda item: _check_decode(item[0], item[1], loader)
+    if file_type != 'jpg':
+        raise ValueError('check_frames lists jpg folders only; hdf5 and video files are '
+                         'checked by check_videos')
+    names = _FrameNames().upto(max((ranges[-1][1] for _, ranges in items), default=0))
+    return lambda item: _check_listing(item[0], item[1], names)
+
+
+def _write_cache(cache_file: Path, n_videos: int, mode: str) -> None:
+    """Best effort: a cache that cannot be written only costs the next start time."""
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f'.{cache_file.name}.{os.getpid()}.tmp')
+        tmp.write_text(json.dumps({'videos': n_videos, 'mode': mode,
+                                   'checked_at': time.strftime('%Y-%m-%d %H:%M:%S')}) + '\n')
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass
+
+
+def count_short_videos(records, sample_duration: int, t_stride: int = 1) -> int:
+    """Videos with fewer frames than one clip spans (their clips are loop-padded)."""
+    from datasets.temporal_transforms import clip_span
+    span = clip_span(sample_duration, t_stride)
+    return sum(1 for r in records if r.n_frames < span)

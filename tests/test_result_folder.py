@@ -1,0 +1,145 @@
+"""The result folder after faults: one run at a time, no stale temporaries,
+logs cut back to the checkpoint a run resumes from."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from utils.checkpoint import remove_stale_temporaries, save_checkpoint_atomic
+from utils.logs import TsvLogger, read_tsv, truncate_log
+from utils.result_lock import ResultFolderBusy, ResultFolderError, ResultFolderLock
+
+
+def start_python(code, *args):
+    """A child python that prints 'ready' once it has done its part."""
+    proc = subprocess.Popen([sys.executable, '-c', textwrap.dedent(code), *map(str, args)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == 'ready'
+    return proc
+
+
+HOLD_LOCK = '''
+    import sys, time
+    from utils.result_lock import ResultFolderLock
+    ResultFolderLock(sys.argv[1]).acquire()
+    print('ready', flush=True)
+    time.sleep(60)
+'''
+
+
+def test_second_run_is_refused_with_the_owner_named(tmp_path):
+    owner = start_python(HOLD_LOCK, tmp_path)
+    try:
+        with pytest.raises(ResultFolderBusy) as info:
+            ResultFolderLock(tmp_path).acquire()
+        msg = str(info.value)
+        assert f'pid {owner.pid}' in msg and str(tmp_path) in msg and '--result_path' in msg
+    finally:
+        owner.kill()
+        owner.wait()
+    # The owner died with kill -9: its lock went with it.
+    lock = ResultFolderLock(tmp_path).acquire()
+    lock.release()
+
+
+def test_lock_is_not_held_by_a_forked_child_of_a_dead_owner(tmp_path):
+    """DataLoader workers are forked; one that outlives a killed run must not
+    keep the next run out."""
+    code = '''
+        import os, sys, time
+        from utils.result_lock import ResultFolderLock
+        ResultFolderLock(sys.argv[1]).acquire()
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+        print('ready', flush=True)
+        time.sleep(60)
+    '''
+    owner = start_python(code, tmp_path)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    with ResultFolderLock(tmp_path):
+        pass
+
+
+def test_result_path_that_is_a_file(tmp_path):
+    path = tmp_path / 'results'
+    path.write_text('x')
+    with pytest.raises(ResultFolderError, match='must be a folder'):
+        ResultFolderLock(path).acquire()
+
+
+def test_stale_temporaries_of_a_killed_write_are_removed(tmp_path):
+    # A real kill during a checkpoint write leaves its temporary behind.
+    code = '''
+        import os, signal, sys, torch
+        from utils.checkpoint import save_checkpoint_atomic
+        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+        print('ready', flush=True)
+        save_checkpoint_atomic({'w': torch.zeros(100_000)}, sys.argv[1] + '/save_3.pth')
+    '''
+    proc = start_python(code, tmp_path)
+    assert proc.wait() == -signal.SIGKILL
+    [tmp] = os.listdir(tmp_path)
+    assert tmp.startswith('.save_3.pth.') and tmp.endswith('.tmp')
+    save_checkpoint_atomic({'w': torch.ones(1)}, tmp_path / 'save_2.pth')
+    others = ['notes.tmp', '.opts.json.tmp', 'save_2.pth.tmp', '.save_2.pth']
+    for name in others:
+        (tmp_path / name).write_text('not ours')
+    assert remove_stale_temporaries(tmp_path) == [tmp]
+    assert sorted(os.listdir(tmp_path)) == sorted(['save_2.pth', *others])
+
+
+def write_log(path, rows, header=('epoch', 'loss')):
+    log = TsvLogger(path, header)
+    log.log_many(rows)
+    log.close()
+
+
+def test_truncate_log_equals_the_uninterrupted_log(tmp_path):
+    rows = [{'epoch': e, 'loss': 1.0 / e} for e in range(1, 6)]
+    interrupted, uninterrupted = tmp_path / 'a.log', tmp_path / 'b.log'
+    write_log(interrupted, rows)
+    with open(interrupted, 'a') as f:
+        f.write('6\t0.1')  # a row cut short by a kill
+    write_log(uninterrupted, rows[:3])
+    assert truncate_log(interrupted, 3) == 3
+    assert interrupted.read_bytes() == uninterrupted.read_bytes()
+    # Resume: appending epochs 4 and 5 again gives the uninterrupted run's log.
+    write_log(interrupted, rows[3:])
+    write_log(uninterrupted, rows[3:])
+    assert interrupted.read_bytes() == uninterrupted.read_bytes()
+    assert [r['epoch'] for r in read_tsv(interrupted)] == ['1', '2', '3', '4', '5']
+    assert truncate_log(interrupted, 5) == 0
+    assert truncate_log(tmp_path / 'none.log', 1) == 0
+
+
+def test_truncate_log_within_an_epoch(tmp_path):
+    path = tmp_path / 'train_batch.log'
+    header = ('epoch', 'batch', 'iter', 'loss')
+    write_log(path, [{'epoch': e, 'batch': b, 'iter': (e - 1) * 3 + b, 'loss': 0.5}
+                     for e in (1, 2) for b in (1, 2, 3)], header)
+    assert truncate_log(path, 2, last_iter=4) == 2
+    assert [(r['epoch'], r['iter']) for r in read_tsv(path)] == \
+        [('1', '1'), ('1', '2'), ('1', '3'), ('2', '4')]
+    assert truncate_log(path, 0) == 4
+    assert path.read_text() == 'epoch\tbatch\titer\tloss\n'
+
+
+def test_truncate_log_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / 'train.log'
+    write_log(path, [{'epoch': e, 'loss': 0.5} for e in (1, 2, 3)])
+    before = path.read_bytes()
+
+    def killed(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, 'fsync', killed)
+    with pytest.raises(KeyboardInterrupt):
+        truncate_log(path, 1)
+    assert path.read_bytes() == before
