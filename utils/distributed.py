@@ -98,6 +98,14 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
                        device=device, distributed=True)
 
 
+def set_collective_timeout(ctx, seconds):
+    """After start-up (which may wait long for other nodes or rank 0's checks),
+    a rank that died or froze makes the others' next collective fail after
+    `seconds` instead of the 30 minutes of PG_TIMEOUT."""
+    if ctx.distributed and seconds and seconds > 0:
+        dist.set_timeout(datetime.timedelta(seconds=seconds))
+
+
 def cleanup(ctx):
     if ctx.distributed and dist.is_initialized():
         dist.destroy_process_group()

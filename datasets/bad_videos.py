@@ -1,0 +1,68 @@
+"""--on_bad_video skip: train on without a video that fails to load.
+
+A sample whose video raises DataError (missing, empty or corrupt frame) is
+replaced by the next sample of the data set that loads; each bad video is
+reported once per run on stderr, and the number of replaced samples is
+counted for the epoch summary. The counters live in shared memory, so the
+DataLoader's worker processes update the ones the training loop reads. A bad
+video is tried again every time it is drawn (never skipped from memory): the
+random numbers drawn are then the same in a resumed run as in an
+uninterrupted one.
+"""
+import ctypes
+import multiprocessing as mp
+import sys
+
+from torch.utils.data import Dataset
+
+from datasets.annotation import DataError
+
+
+class SkipBadVideos(Dataset):
+    """Wraps a map-style data set of VideoRecord samples (``dataset.records``)."""
+
+    def __init__(self, dataset, max_tries=16):
+        self.dataset = dataset
+        self.max_tries = max_tries
+        self._reported = mp.RawArray(ctypes.c_bool, len(dataset))
+        self._skipped = mp.Value(ctypes.c_int64, 0)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getattr__(self, name):  # device_normaliser, records, labels, ...
+        if name == 'dataset':
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, i):
+        n = len(self.dataset)
+        first_error = None
+        for k in range(min(self.max_tries, n)):
+            j = (i + k) % n
+            try:
+                return self.dataset[j]
+            except DataError as e:
+                first_error = first_error or e
+                self._report(j, e)
+                with self._skipped.get_lock():
+                    self._skipped.value += 1
+        raise DataError(f'{min(self.max_tries, n)} videos in a row failed to load, the first: '
+                        f'{first_error}') from None
+
+    def _report(self, j, error):
+        if not self._reported[j]:
+            self._reported[j] = True
+            video = self.dataset.records[j].video_id
+            print(f'skipping video {video} (--on_bad_video skip): {error}', file=sys.stderr,
+                  flush=True)
+
+    def take_skipped(self):
+        """Samples replaced since the last call (the epoch's count)."""
+        with self._skipped.get_lock():
+            n, self._skipped.value = self._skipped.value, 0
+        return n
+
+    @property
+    def n_bad_videos(self):
+        return sum(self._reported)
