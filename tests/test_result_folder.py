@@ -12,7 +12,7 @@ import torch
 from tests.conftest import ROOT
 from utils.checkpoint import remove_stale_temporaries, save_checkpoint_atomic
 from utils.logs import TsvLogger, read_tsv, truncate_log
-from utils.result_lock import ResultFolderBusy, ResultFolderError, ResultFolderLock
+from utils.result_folder import ResultFolderBusy, ResultFolderError, ResultFolderLock
 
 
 def start_python(code, *args):
@@ -25,7 +25,7 @@ def start_python(code, *args):
 
 HOLD_LOCK = '''
     import sys, time
-    from utils.result_lock import ResultFolderLock
+    from utils.result_folder import ResultFolderLock
     ResultFolderLock(sys.argv[1]).acquire()
     print('ready', flush=True)
     time.sleep(60)
@@ -52,7 +52,7 @@ def test_lock_is_not_held_by_a_forked_child_of_a_dead_owner(tmp_path):
     keep the next run out."""
     code = '''
         import os, sys, time
-        from utils.result_lock import ResultFolderLock
+        from utils.result_folder import ResultFolderLock
         ResultFolderLock(sys.argv[1]).acquire()
         if os.fork() == 0:
             time.sleep(5)
@@ -143,3 +143,36 @@ def test_truncate_log_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         truncate_log(path, 1)
     assert path.read_bytes() == before
+
+
+def test_other_runs_checkpoints_refused_or_cleared(tmp_path):
+    from utils.result_folder import refuse_or_clear_other_run
+    assert refuse_or_clear_other_run(tmp_path, overwrite=False) == []
+    for e in range(1, 6):
+        save_checkpoint_atomic({'epoch': e, 'state_dict': {}}, tmp_path / f'save_{e}.pth')
+    for name in ('opts.json', 'train.log', 'val.json', 'events.out.tfevents.1.host',
+                 'notes.txt', 'save_best.pth'):
+        (tmp_path / name).write_text('x')
+    with pytest.raises(ResultFolderError) as info:
+        refuse_or_clear_other_run(tmp_path, overwrite=False)
+    msg = str(info.value)
+    assert 'save_1.pth, save_2.pth, save_3.pth ... save_5.pth' in msg
+    assert '--auto_resume' in msg and '--overwrite' in msg and '\n' not in msg
+    assert len(os.listdir(tmp_path)) == 11  # nothing touched
+    refuse_or_clear_other_run(tmp_path, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ['notes.txt', 'save_best.pth']  # not ours
+
+
+def test_folder_refusing_new_files(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from utils.result_folder import check_writable
+    check_writable(tmp_path)
+    assert os.listdir(tmp_path) == []
+
+    def refuse(self, data):
+        raise PermissionError(13, 'Permission denied')
+
+    monkeypatch.setattr(Path, 'write_bytes', refuse)
+    with pytest.raises(ResultFolderError, match='Permission denied.*writable --result_path'):
+        check_writable(tmp_path)

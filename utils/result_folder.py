@@ -82,3 +82,43 @@ def _read_owner(fd):
     except OSError:
         text = ''
     return text or 'owner unknown: it may still be starting'
+
+
+# Files a run writes into its result folder; --overwrite deletes exactly these.
+RUN_FILES = ('opts.json', 'train.log', 'train_batch.log', 'val.log', 'train.json', 'val.json',
+             'test.json')
+
+
+def check_writable(result_path):
+    """A folder that refuses new files (read-only, no permission) is found at
+    start, not when the first checkpoint is due."""
+    probe = Path(result_path) / f'.write_test.{os.getpid()}'
+    try:
+        probe.write_bytes(b'')
+        probe.unlink()
+    except OSError as e:
+        raise ResultFolderError(f'cannot create files in result folder {result_path} '
+                                f'({e.strerror}): choose a writable --result_path') from None
+
+
+def refuse_or_clear_other_run(result_path, overwrite):
+    """A fresh training into a folder holding another run's checkpoints would
+    overwrite some of them and leave the rest for a later --auto_resume to
+    pick: refuse, unless --overwrite, which deletes that run's files."""
+    from utils.checkpoint import list_checkpoints
+    result_path = Path(result_path)
+    checkpoints = [p for _, p in list_checkpoints(result_path)]
+    if not checkpoints:
+        return []
+    if not overwrite:
+        names = ', '.join(p.name for p in checkpoints[:3]) + \
+            (f' ... {checkpoints[-1].name}' if len(checkpoints) > 3 else '')
+        raise ResultFolderError(
+            f'result folder {result_path} holds checkpoints of another run ({names}): resume '
+            f'it with --auto_resume (or --resume_path), choose another --result_path, or add '
+            f'--overwrite to delete that run\'s checkpoints and logs and start clean')
+    removed = checkpoints + [result_path / n for n in RUN_FILES if (result_path / n).exists()]
+    removed += sorted(result_path.glob('events.out.tfevents.*'))
+    for p in removed:
+        p.unlink()
+    return [p.name for p in removed]
