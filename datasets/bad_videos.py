@@ -16,6 +16,7 @@ import sys
 from torch.utils.data import Dataset
 
 from datasets.annotation import DataError
+from datasets.videodataset import BadVideo
 
 
 class SkipBadVideos(Dataset):
@@ -41,12 +42,15 @@ class SkipBadVideos(Dataset):
         for k in range(min(self.max_tries, n)):
             j = (i + k) % n
             try:
-                return self.dataset[j]
+                item = self.dataset[j]
             except DataError as e:
-                first_error = first_error or e
-                self._report(j, e)
-                with self._skipped.get_lock():
-                    self._skipped.value += 1
+                item = BadVideo(str(e))
+            if not isinstance(item, BadVideo):  # in a worker errors come back as values
+                return item
+            first_error = first_error or item.message
+            self._report(j, item.message)
+            with self._skipped.get_lock():
+                self._skipped.value += 1
         raise DataError(f'{min(self.max_tries, n)} videos in a row failed to load, the first: '
                         f'{first_error}') from None
 

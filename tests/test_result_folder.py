@@ -5,14 +5,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import ROOT
 from utils.checkpoint import remove_stale_temporaries, save_checkpoint_atomic
 from utils.logs import TsvLogger, read_tsv, truncate_log
 from utils.result_folder import ResultFolderBusy, ResultFolderError, ResultFolderLock
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_python(code, *args):

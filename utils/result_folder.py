@@ -3,8 +3,9 @@
 The lock is a POSIX record lock (lockf) on the file: the kernel drops it when
 the owning process exits for any reason (kill -9 included), so a lock left
 behind by a dead run is never in the way; unlike flock it is not inherited by
-forked DataLoader workers, which may outlive a killed run by a few seconds. The file's text names the owner (pid, host, start
-time, command) for the message shown to a second run.
+forked DataLoader workers, which may outlive a killed run by a few seconds.
+The file's text names the owner (pid, host, start time, command) for the
+message shown to a second run.
 """
 import errno
 import fcntl
