@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from datasets.annotation import SUBSET_NAMES, DataError, check_videos
+from datasets.frame_check import default_cache_dir
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
@@ -63,7 +64,8 @@ def _records(opt, record, subset):
     if len(class_names) != record.n_classes:
         raise DataError(f'--n_classes is {record.n_classes} but {record.annotation_path} has '
                         f'{len(class_names)} labels: set --n_classes {len(class_names)}')
-    check_videos(records, opt.file_type)
+    check_videos(records, opt.file_type, mode=opt.check_frames, input_type=opt.input_type,
+                 cache_dir=default_cache_dir())
     return records, class_names
 
 

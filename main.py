@@ -19,6 +19,8 @@ import torch.multiprocessing as mp
 
 import dataset as data
 from datasets.annotation import SUBSET_NAMES, DataError
+from datasets.bad_videos import SkipBadVideos
+from datasets.frame_check import count_short_videos
 from inference import run_inference, write_features
 from model import build_model, classifier_name, freeze_before, load_state_dict_checked, make_parallel
 from opts import OptionError, option_default, opts_to_dict, parse_opts, save_opts
@@ -37,22 +39,31 @@ from utils.checkpoint import (
     capture_rng_state,
     find_latest_checkpoint,
     load_checkpoint,
+    load_training_checkpoint,
+    remove_stale_temporaries,
     restore_rng_state,
     save_checkpoint_atomic,
 )
 from utils.ema import ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
-from utils.logs import TsvLogger
+from utils.logs import TsvLogger, truncate_log
 from utils.lr_schedule import LRSchedule, ScheduleConfig, steps_per_epoch
 from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.mix import MixConfig
+from utils.result_folder import (
+    ResultFolderError,
+    ResultFolderLock,
+    check_writable,
+    refuse_or_clear_other_run,
+)
 from utils.run_record import RunRecord
 from validation import val_epoch
 
 # Bad input: one clear message and exit status 2, no traceback.
-USER_ERRORS = (DataError, OptionError, CheckpointError)
+USER_ERRORS = (DataError, OptionError, CheckpointError, ResultFolderError)
 VAL_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'clip_acc']
+LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
 
 
 def log(ctx, *args):
@@ -62,11 +73,22 @@ def log(ctx, *args):
 
 def run(opt, ctx):
     """The stages of one process's run."""
+    lock = ResultFolderLock(opt.result_path)  # taken by rank 0 only
+    try:
+        on_main_rank(ctx, lambda: claim_result_folder(opt, lock))
+        run_stages(opt, ctx)
+    finally:
+        lock.release()
+
+
+def run_stages(opt, ctx):
     record = prepare(opt, ctx)
     datasets = load_data(opt, record)
+    warn_short_videos(opt, ctx, datasets)
     model, checkpoint = restore(opt, ctx, record)
     if ctx.is_main:
         save_opts(opt, opt.result_path / 'opts.json', run=record.to_dict())
+    du.set_collective_timeout(ctx, opt.dist_timeout)  # start-up is over
     model = make_parallel(model, ctx, opt.batchnorm_sync, opt.channels_last)
     if opt.compile:
         model = torch.compile(model)  # around DDP: its optimizer splits graphs at buckets
@@ -81,7 +103,39 @@ def run(opt, ctx):
             evaluate(opt, ctx, record, config, model, val_loader, tb_writer, datasets.class_names)
         if datasets.infer is not None:
             infer(opt, ctx, record, config, model, datasets)
+    if ctx.is_main:
+        remove_stale_temporaries(opt.result_path)
     log(ctx, f'logs, checkpoints and opts.json are in {opt.result_path}')
+
+
+def on_main_rank(ctx, fn):
+    """fn() on rank 0 only; an error there stops every rank (the others would
+    otherwise wait for rank 0 in their next collective)."""
+    error = None
+    if ctx.is_main:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after telling the others
+            error = e
+    message = du.broadcast_object(None if error is None else str(error), ctx)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise OptionError(f'rank 0 stopped: {message}')
+
+
+def claim_result_folder(opt, lock):
+    """Rank 0 creates the folder and takes its lock: one run per folder. Then
+    it checks that files can be created there and deletes the temporaries of
+    checkpoint writes a killed run left."""
+    try:
+        opt.result_path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultFolderError(f'cannot create result folder {opt.result_path} ({e.strerror}): '
+                                f'choose another --result_path') from None
+    lock.acquire()
+    check_writable(opt.result_path)
+    remove_stale_temporaries(opt.result_path)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -89,7 +143,6 @@ def run(opt, ctx):
 def prepare(opt, ctx):
     """The run record: device settings, the effective learning rate, the data
     paths and the checkpoint to resume from."""
-    opt.result_path.mkdir(parents=True, exist_ok=True)
     if ctx.device.type == 'cuda':
         torch.backends.cudnn.benchmark = True  # fixed clip shapes: pick the fastest kernels
     if opt.amp and ctx.device.type != 'cuda':
@@ -98,6 +151,8 @@ def prepare(opt, ctx):
         log(ctx, '--amp is ignored on CPU: training in float32')
     video_path, annotation_path = data.data_paths(opt, ctx)
     resume = resume_path(opt, ctx)
+    if resume is None and not opt.no_train:
+        on_main_rank(ctx, lambda: refuse_or_clear_other_run(opt.result_path, opt.overwrite))
     return RunRecord(
         device=str(ctx.device), world_size=ctx.world_size,
         batch_per_process=data.per_process_batch(opt.batch_size, ctx),
@@ -172,7 +227,21 @@ def load_data(opt, record):
         val, class_names = data.get_validation_data(opt, record)
     if opt.inference:
         infer, class_names = data.get_inference_data(opt, record)
+    if train is not None and opt.on_bad_video == 'skip':
+        train = SkipBadVideos(train)
     return DataSets(train, val, infer, class_names)
+
+
+def warn_short_videos(opt, ctx, datasets):
+    """Clips of videos shorter than a clip are loop-padded: say how many there are."""
+    for name, dataset in (('training', datasets.train), ('validation', datasets.val)):
+        if dataset is None or not hasattr(dataset, 'records'):
+            continue
+        short = count_short_videos(dataset.records, opt.sample_duration, opt.sample_t_stride)
+        if short:
+            log(ctx, f'warning: {short} of {len(dataset.records)} {name} videos are shorter than '
+                     f'a clip (--sample_duration {opt.sample_duration}, --sample_t_stride '
+                     f'{opt.sample_t_stride}): their clips repeat frames (loop padding)')
 
 
 # ----------------------------------------------------------------------------- restore
@@ -185,7 +254,7 @@ def restore(opt, ctx, record):
     model = build_model(opt, record.n_classes, pretrained=record.resume_path is None)
     checkpoint = None
     if record.resume_path is not None:
-        checkpoint = load_checkpoint(record.resume_path)
+        checkpoint = load_training_checkpoint(record.resume_path)
         if checkpoint.get('arch', opt.arch) != opt.arch:
             raise OptionError(f'--resume_path {record.resume_path} holds a {checkpoint["arch"]} '
                               f'model but the options build {opt.arch}')
@@ -264,12 +333,16 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
 
 
 @contextlib.contextmanager
-def training_logs(opt, ctx, with_val):
+def training_logs(opt, ctx, with_val, last_epoch):
     """train.log, train_batch.log and val.log (rank 0; None elsewhere), closed
-    also when the run fails."""
+    also when the run fails. Rows of epochs after last_epoch (the resumed
+    checkpoint's, or 0) are dropped first: the logs then equal an uninterrupted
+    run's."""
     with contextlib.ExitStack() as stack:
         logs = dict(train=None, batch=None, val=None)
         if ctx.is_main:
+            for name in LOG_NAMES:
+                truncate_log(opt.result_path / name, last_epoch)
             logs['train'] = stack.enter_context(TsvLogger(
                 opt.result_path / 'train.log',
                 ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait']))
@@ -293,7 +366,7 @@ def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_wr
     if record.begin_epoch > opt.n_epochs:
         log(ctx, f'checkpoint epoch {record.begin_epoch - 1} >= --n_epochs {opt.n_epochs}: '
                  f'nothing to train')
-    with training_logs(opt, ctx, val_loader is not None) as logs:
+    with training_logs(opt, ctx, val_loader is not None, record.begin_epoch - 1) as logs:
         for epoch in range(record.begin_epoch, opt.n_epochs + 1):
             seed = epoch_seed(opt.manual_seed, ctx.rank, epoch)
             data.seed_worker_rngs(seed)
@@ -309,6 +382,7 @@ def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_wr
             line = (f'epoch {epoch}/{opt.n_epochs} train loss {stats["loss"]:.4f} '
                     f'acc {stats["acc"]:.4f} lr {stats["lr"]:.4g} '
                     f'{stats["clips_per_s"]:.1f} clips/s data wait {stats["data_wait"]:.0%}')
+            line += count_skipped(datasets.train, ctx, tb_writer, epoch)
             if ctx.is_main:
                 logs['train'].log(dict(epoch=epoch, **stats))
             val_stats = None
@@ -326,10 +400,13 @@ def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_wr
             trainer.schedule.after_epoch(val_stats['loss'] if val_stats else stats['loss'])
             if tb_writer is not None:
                 tb_writer.flush()
-            if ctx.is_main and (epoch % opt.checkpoint == 0 or epoch == opt.n_epochs):
-                save_checkpoint(opt.result_path / f'save_{epoch}.pth', epoch, opt, record, model,
-                                trainer, datasets.class_names)
-            du.barrier(ctx)
+            if epoch % opt.checkpoint == 0 or epoch == opt.n_epochs:
+                # A failed write (disk full) stops every rank; earlier checkpoints stay.
+                on_main_rank(ctx, lambda: save_checkpoint(
+                    opt.result_path / f'save_{epoch}.pth', epoch, opt, record, model, trainer,
+                    datasets.class_names))
+            else:
+                du.barrier(ctx)
     return trainer.ema
 
 
@@ -343,6 +420,17 @@ def validate(epoch, val_loader, model, ema, ctx, config, tb_writer, class_names)
         if tb_writer is not None:
             tb_writer.add_scalar('val/ema_acc', ema_stats['acc'], epoch)
     return stats
+
+
+def count_skipped(train_set, ctx, tb_writer, epoch):
+    """--on_bad_video skip: the samples replaced this epoch, over all ranks."""
+    if not isinstance(train_set, SkipBadVideos):
+        return ''
+    total = du.all_reduce_sum(torch.tensor([float(train_set.take_skipped())]), ctx)
+    skipped = int(total.item())
+    if tb_writer is not None:
+        tb_writer.add_scalar('train/skipped_samples', skipped, epoch)
+    return f' skipped {skipped} samples of bad videos' if skipped else ''
 
 
 def epoch_seed(manual_seed, rank, epoch):

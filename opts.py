@@ -7,6 +7,7 @@ end of each group. Hyphenated spellings are accepted as aliases.
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 
@@ -178,6 +179,16 @@ def build_parser():
     _add(g, '--extract_features', default=None, type=Path, metavar='PATH.h5',
          help='With --inference: write each video\'s pooled features (the classifier\'s '
               'input, averaged over its views) and ids to this HDF5 file')
+    _add(g, '--overwrite', action='store_true',
+         help='Start clean in a result_path that holds another run\'s checkpoints: delete its '
+              'checkpoints, logs and opts.json (without this a fresh run there is refused)')
+    _add(g, '--check_frames', default='all', choices=['last', 'all', 'decode'],
+         help='Up-front check of the videos: last (stat the last needed frame), all (list each '
+              'video folder once: every needed frame is there) or decode (decode every frame). '
+              'A clean result is cached')
+    _add(g, '--on_bad_video', default='error', choices=['error', 'skip'],
+         help='A video that fails to load during training: error (stop with its name) or skip '
+              '(replace the sample, report the video once, count them per epoch)')
 
     g = p.add_argument_group('model')
     _add(g, '--model', default='resnet', type=str,
@@ -239,6 +250,9 @@ def build_parser():
          help='linear: lr x (global batch / base_batch_size)')
     _add(g, '--base_batch_size', default=256, type=int,
          help='Batch size the learning rate was tuned for (--lr_scaling linear)')
+    _add(g, '--dist_timeout', default=600, type=int,
+         help='Seconds a collective waits for the other processes once training started; '
+              'then the job exits instead of hanging on a dead or frozen process')
     # Passed by the deprecated torch.distributed.launch.
     p.add_argument('--local_rank', '--local-rank', default=None, type=int,
                    help=argparse.SUPPRESS)
@@ -254,44 +268,58 @@ def _resolve_paths(opt):
                 setattr(opt, name, opt.root_path / value)
 
 
-def _check(opt, parser):
+def _fail(message):
+    """One line, exit status 2: as main.py reports every other bad input."""
+    print(f'error: {message}', file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+# Smallest accepted values; smaller ones would fail later, some after an epoch.
+MINIMUMS = dict(
+    n_classes=1, sample_size=1, sample_duration=1, sample_t_stride=1, n_val_samples=1,
+    learning_rate=0.0, momentum=0.0, dampening=0.0, weight_decay=0.0, min_lr=0.0,
+    warmup_epochs=0.0, plateau_patience=0, batch_size=1, inference_batch_size=0,
+    n_epochs=0, accumulation_steps=1, inference_stride=1, n_threads=0, checkpoint=1,
+    log_interval=1, base_batch_size=1, dist_timeout=1, value_scale=1,
+)
+
+
+def _check(opt):
     if opt.result_path is None:
-        parser.error('--result_path is required (the folder for logs, checkpoints and results)')
+        _fail('--result_path is required (the folder for logs, checkpoints and results)')
     if opt.dataset != 'synthetic':
         if opt.video_path is None or opt.annotation_path is None:
-            parser.error(f'--video_path and --annotation_path are required for --dataset '
-                         f'{opt.dataset} (or use --dataset synthetic, which needs no download)')
+            _fail(f'--video_path and --annotation_path are required for --dataset '
+                  f'{opt.dataset} (or use --dataset synthetic, which needs no download)')
     if opt.input_type == 'flow' and opt.file_type != 'hdf5':
-        parser.error('--input_type flow needs --file_type hdf5 (datasets video_u/video_v)')
-    if opt.n_val_samples < 1:
-        parser.error('--n_val_samples must be at least 1')
-    if opt.accumulation_steps < 1:
-        parser.error('--accumulation_steps must be at least 1')
-    if opt.sample_t_stride < 1 or opt.inference_stride < 1:
-        parser.error('--sample_t_stride and --inference_stride must be at least 1')
-    if opt.batch_size < 1:
-        parser.error('--batch_size must be at least 1')
+        _fail('--input_type flow needs --file_type hdf5 (datasets video_u/video_v)')
+    for name, low in MINIMUMS.items():
+        if getattr(opt, name) < low:
+            _fail(f'--{name} must be at least {low} (got {getattr(opt, name)})')
+    if opt.result_path.exists() and not opt.result_path.is_dir():
+        _fail(f'--result_path {opt.result_path} is a file: give a folder (it is created '
+              f'if missing)')
     if opt.inference_n_clips < 0 or opt.ft_lr_ratio <= 0:
-        parser.error('--inference_n_clips must be at least 0 and --ft_lr_ratio positive')
-    _check_recipe(opt, parser)
+        _fail('--inference_n_clips must be at least 0 and --ft_lr_ratio positive')
+    _check_recipe(opt)
 
 
-def _check_recipe(opt, parser):
+def _check_recipe(opt):
     if not 0 <= opt.label_smoothing < 1:
-        parser.error('--label_smoothing must be in [0, 1)')
+        _fail('--label_smoothing must be in [0, 1)')
     if opt.mixup_alpha < 0 or opt.cutmix_alpha < 0:
-        parser.error('--mixup_alpha and --cutmix_alpha must be >= 0 (0: off)')
+        _fail('--mixup_alpha and --cutmix_alpha must be >= 0 (0: off)')
     for name in ('mix_prob', 'mix_switch_prob', 'random_erasing'):
         if not 0 <= getattr(opt, name) <= 1:
-            parser.error(f'--{name} is a probability: give a value in [0, 1]')
+            _fail(f'--{name} is a probability: give a value in [0, 1]')
     if opt.randaugment is not None and (opt.randaugment[0] < 1 or not 0 <= opt.randaugment[1] <= 30):
-        parser.error('--randaugment N M needs N >= 1 ops and a magnitude M in [0, 30]')
+        _fail('--randaugment N M needs N >= 1 ops and a magnitude M in [0, 30]')
     if not 0 <= opt.ema_decay < 1:
-        parser.error('--ema_decay must be in [0, 1) (0: no EMA; 0.999 is usual)')
+        _fail('--ema_decay must be in [0, 1) (0: no EMA; 0.999 is usual)')
     if opt.inference_weights == 'ema' and not opt.no_train and opt.ema_decay == 0:
-        parser.error('--inference_weights ema needs --ema_decay when training')
+        _fail('--inference_weights ema needs --ema_decay when training')
     if opt.clip_grad_norm < 0 or opt.precise_bn < 0:
-        parser.error('--clip_grad_norm and --precise_bn must be >= 0 (0: off)')
+        _fail('--clip_grad_norm and --precise_bn must be >= 0 (0: off)')
 
 
 def parse_opts(argv=None):
@@ -302,7 +330,7 @@ def parse_opts(argv=None):
         parser.set_defaults(**SYNTHETIC_DEFAULTS)
         opt = parser.parse_args(argv)
     _resolve_paths(opt)
-    _check(opt, parser)
+    _check(opt)
     if opt.nesterov:
         opt.dampening = 0.0
     if opt.inference_batch_size == 0:

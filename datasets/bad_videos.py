@@ -13,7 +13,7 @@ import ctypes
 import multiprocessing as mp
 import sys
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from datasets.annotation import DataError
 from datasets.videodataset import BadVideo
@@ -51,8 +51,11 @@ class SkipBadVideos(Dataset):
             self._report(j, item.message)
             with self._skipped.get_lock():
                 self._skipped.value += 1
-        raise DataError(f'{min(self.max_tries, n)} videos in a row failed to load, the first: '
-                        f'{first_error}') from None
+        message = (f'{min(self.max_tries, n)} videos in a row failed to load '
+                   f'(--on_bad_video skip), the first: {first_error}')
+        if get_worker_info() is not None:
+            return BadVideo(message)  # raised in the main process by the loader
+        raise DataError(message)
 
     def _report(self, j, error):
         if not self._reported[j]:

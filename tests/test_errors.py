@@ -1,12 +1,15 @@
 """Bad input gives one clear error naming the file, video or option (exit code 2),
 raised before training where it can be checked up front."""
+import errno
 import json
+import pathlib
 import shutil
 
 import pytest
 
 import main
 from tests.conftest import tiny_args
+from utils.checkpoint import load_checkpoint
 
 
 @pytest.fixture
@@ -126,3 +129,101 @@ def test_checkpoint_with_pickled_code_is_refused(data_copy, tmp_path, capsys):
     fails_with(capsys, tiny_args(*data_copy, tmp_path / 'r', '--resume_path', str(path)),
                'evil.pth', 'weights_only')
     assert 'executed' not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('option, value', [('--sample_size', '0'), ('--n_threads', '-1'),
+                                           ('--learning_rate', '-0.1'), ('--checkpoint', '0'),
+                                           ('--sample_duration', '0'), ('--dist_timeout', '0')])
+def test_bad_option_values_stop_before_anything_runs(data_copy, tmp_path, capsys, option, value):
+    err = fails_with(capsys, tiny_args(*data_copy, tmp_path / 'r', option, value),
+                     f'{option} must be at least')
+    assert f'(got {value})' in err or f'(got {float(value)})' in err
+    assert not (tmp_path / 'r').exists()
+
+
+def test_result_path_that_is_a_file(data_copy, tmp_path, capsys):
+    (tmp_path / 'r').write_text('x')
+    fails_with(capsys, tiny_args(*data_copy, tmp_path / 'r'), '--result_path', 'is a file')
+
+
+def test_result_folder_that_refuses_new_files(data_copy, tmp_path, capsys, monkeypatch):
+    # As root, chmod cannot make a folder read-only: refuse the probe file instead.
+    def refuse(self, data):
+        raise PermissionError(13, 'Permission denied')
+
+    monkeypatch.setattr(pathlib.Path, 'write_bytes', refuse)
+    fails_with(capsys, tiny_args(*data_copy, tmp_path / 'r'), 'cannot create files in result '
+               'folder', 'Permission denied')
+    assert not (tmp_path / 'r' / 'opts.json').exists()
+
+
+def test_disk_full_at_a_checkpoint_keeps_the_last_good_one(data_copy, tmp_path, capsys,
+                                                           monkeypatch):
+    import torch
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if obj.get('epoch') == 2:
+            f.write(b'partial')
+            raise RuntimeError('unexpected pos 704 vs 598') from OSError(
+                errno.ENOSPC, 'No space left on device')
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, 'save', save)
+    result = tmp_path / 'r'
+    err = fails_with(capsys, tiny_args(*data_copy, result, '--n_epochs', '3', '--checkpoint', '1',
+                                       '--no_val'), 'save_2.pth', 'No space left on device',
+                     'earlier checkpoints are intact')
+    assert 'unexpected pos' not in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setattr(torch, 'save', real_save)
+    assert sorted(p.name for p in result.glob('*save_*')) == ['save_1.pth']
+    assert load_checkpoint(result / 'save_1.pth')['epoch'] == 1
+
+
+def test_resume_from_a_file_that_is_not_a_checkpoint(data_copy, tmp_path, capsys):
+    notes = tmp_path / 'notes.txt'
+    notes.write_text('epoch 3 looked good\n')
+    err = fails_with(capsys, tiny_args(*data_copy, tmp_path / 'r', '--resume_path', str(notes)),
+                     'notes.txt is not a checkpoint')
+    assert ': 101' not in err
+
+
+def test_short_videos_are_counted_once(data_copy, tmp_path, capsys):
+    main.main(tiny_args(*data_copy, tmp_path / 'r', '--sample_duration', '16', '--n_epochs', '1',
+                        '--no_val'))
+    out = capsys.readouterr().out
+    assert out.count('warning: 24 of 24 training videos are shorter than a clip') == 1
+
+
+def test_missing_frame_found_up_front_by_check_frames_all(data_copy, tmp_path, capsys):
+    videos, annotation = data_copy
+    vid, entry, _ = first_training_video(annotation)
+    (videos / entry['annotations']['label'] / vid / 'image_00005.jpg').unlink()
+    fails_with(capsys, tiny_args(videos, annotation, tmp_path / 'r'), vid, 'image_00005.jpg',
+               '--check_frames all')
+    assert not (tmp_path / 'r' / 'train.log').exists()
+
+
+def test_corrupt_frame_found_up_front_by_check_frames_decode(data_copy, tmp_path, capsys):
+    videos, annotation = data_copy
+    vid, entry, _ = first_training_video(annotation)
+    (videos / entry['annotations']['label'] / vid / 'image_00004.jpg').write_bytes(b'')
+    main.main(tiny_args(videos, annotation, tmp_path / 'a', '--n_epochs', '0'))  # all: passes
+    fails_with(capsys, tiny_args(videos, annotation, tmp_path / 'r', '--check_frames', 'decode'),
+               'image_00004.jpg', 'empty')
+    assert not (tmp_path / 'r' / 'train.log').exists()
+
+
+def test_bad_video_skipped_during_training(data_copy, tmp_path, capfd):
+    videos, annotation = data_copy
+    vid, entry, _ = first_training_video(annotation)
+    for p in (videos / entry['annotations']['label'] / vid).glob('*.jpg'):
+        p.write_bytes(b'not a jpeg')
+    args = tiny_args(videos, annotation, tmp_path / 'r', '--n_epochs', '2', '--no_val',
+                     '--check_frames', 'all', '--on_bad_video', 'skip', '--tensorboard')
+    main.main(args)
+    captured = capfd.readouterr()
+    assert captured.err.count(f'skipping video {vid}') == 1
+    assert captured.out.count('skipped 1 samples of bad videos') == 2  # once per epoch
+    # Without skip the same run stops with the video's name.
+    fails_with(capfd, tiny_args(videos, annotation, tmp_path / 'e', '--no_val'), vid)

@@ -178,3 +178,67 @@ def test_folder_refusing_new_files(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, 'write_bytes', refuse)
     with pytest.raises(ResultFolderError, match='Permission denied.*writable --result_path'):
         check_writable(tmp_path)
+
+
+# ----------------------------------------------------------------------------- through main.py
+
+def run_main(capsys, args):
+    import main
+    try:
+        main.main(args)
+    except SystemExit as e:
+        return e.code, capsys.readouterr().err
+    return 0, capsys.readouterr().err
+
+
+def test_second_run_into_a_busy_folder(tiny_synthetic, tmp_path, capsys):
+    from tests.conftest import tiny_args
+    result = tmp_path / 'r'
+    result.mkdir()
+    owner = start_python(HOLD_LOCK, result)
+    try:
+        code, err = run_main(capsys, tiny_args(*tiny_synthetic, result, '--auto_resume'))
+    finally:
+        owner.kill()
+        owner.wait()
+    assert code == 2 and err.startswith('error: ') and f'pid {owner.pid}' in err
+    assert sorted(os.listdir(result)) == ['.lock']  # nothing written, no opts.json
+
+
+def test_fresh_run_into_another_runs_folder(tiny_synthetic, tmp_path, capsys):
+    from tests.conftest import tiny_args
+    result = tmp_path / 'r'
+    args = tiny_args(*tiny_synthetic, result, '--n_epochs', '2', '--checkpoint', '1', '--no_val')
+    assert run_main(capsys, args)[0] == 0
+    save_checkpoint_atomic({'epoch': 8, 'state_dict': {}}, result / 'save_8.pth')  # stale
+    opts_before = (result / 'opts.json').read_text()
+    code, err = run_main(capsys, args + ['--manual_seed', '5'])
+    assert code == 2 and 'holds checkpoints of another run' in err and '--overwrite' in err
+    assert (result / 'opts.json').read_text() == opts_before  # options not written
+    assert run_main(capsys, args + ['--manual_seed', '5', '--overwrite'])[0] == 0
+    assert sorted(p.name for p in result.glob('save_*')) == ['save_1.pth', 'save_2.pth']
+    assert '"manual_seed": 5' in (result / 'opts.json').read_text()
+    assert [r['epoch'] for r in read_tsv(result / 'train.log')] == ['1', '2']
+
+
+def test_resumed_logs_equal_the_uninterrupted_run(tiny_synthetic, tmp_path, capsys):
+    """A kill after epoch 3's logs were written but before its checkpoint, and
+    a killed checkpoint write: the resumed run's logs equal an uninterrupted run's."""
+    from tests.conftest import tiny_args
+    full, cut = tmp_path / 'full', tmp_path / 'cut'
+    extra = ('--n_epochs', '3', '--checkpoint', '1', '--auto_resume')
+    for result in (full, cut):
+        assert run_main(capsys, tiny_args(*tiny_synthetic, result, *extra))[0] == 0
+    for name in ('save_2.pth', 'save_3.pth'):
+        (cut / name).unlink()
+    (cut / '.save_2.pth.k1ll3d.tmp').write_bytes(b'partial')
+    with open(cut / 'train_batch.log', 'a') as f:
+        f.write('4\t1\t')  # a row cut short
+    assert run_main(capsys, tiny_args(*tiny_synthetic, cut, *extra))[0] == 0
+    for name in ('train.log', 'val.log', 'train_batch.log'):
+        a, b = read_tsv(full / name), read_tsv(cut / name)
+        for row in a + b:  # timing differs from run to run
+            row.pop('clips_per_s', None)
+            row.pop('data_wait', None)
+        assert a == b, name
+    assert not list(cut.glob('.*.tmp'))
