@@ -543,10 +543,32 @@ def worker(local_rank, opt, ranks_per_node):
         rank = opt.node_rank * ranks_per_node + local_rank
         world = max(1, opt.world_size) * ranks_per_node
         ctx = du.init_distributed(opt, local_rank=local_rank, rank=rank, world_size=world)
+    broken = False
     try:
         run(opt, ctx)
+    except RuntimeError as e:
+        broken = ctx.distributed and is_collective_failure(e)
+        if broken:  # destroying the broken group could block (NCCL): just exit
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CollectiveFailure(
+                f'rank {ctx.rank}: a collective failed ({first_line}): another process of the '
+                f'job died or froze (--dist_timeout {opt.dist_timeout}s); torchrun '
+                f'--max-restarts restarts the job and --auto_resume continues it') from None
+        raise
     finally:
-        du.cleanup(ctx)
+        if not broken:
+            du.cleanup(ctx)
+
+
+class CollectiveFailure(RuntimeError):
+    """Another process of the job died or froze; this one exits."""
+
+
+def is_collective_failure(error):
+    if isinstance(error, (torch.distributed.DistBackendError, torch.distributed.DistNetworkError)):
+        return True
+    text = str(error)
+    return any(s in text for s in ('gloo', 'NCCL', 'Timed out', 'timed out', 'Connection closed'))
 
 
 def main(argv=None):
@@ -561,6 +583,9 @@ def main(argv=None):
     except USER_ERRORS as e:
         print(f'error: {e}', file=sys.stderr, flush=True)
         sys.exit(2)
+    except CollectiveFailure as e:
+        print(f'error: {e}', file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == '__main__':
