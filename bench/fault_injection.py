@@ -119,7 +119,8 @@ def wait_for_moment(kind, proc, result, rng, reference):
             return steps_logged(result) >= step
         if kind == 'validation':
             return epochs_logged(result, 'train.log') >= epoch
-        return bool(temporaries(result))
+        # the write of epoch's checkpoint (its epoch's rows are logged first)
+        return bool(temporaries(result)) and steps_logged(result) >= epoch * per_epoch
 
     while not reached():
         if proc.poll() is not None or time.time() > deadline:
