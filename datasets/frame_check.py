@@ -151,4 +151,7 @@ def count_short_videos(records, sample_duration: int, t_stride: int = 1) -> int:
     """Videos with fewer frames than one clip spans (their clips are loop-padded)."""
     from datasets.temporal_transforms import clip_span
     span = clip_span(sample_duration, t_stride)
+    n_frames = getattr(records, 'n_frames', None)  # a RecordTable's array
+    if n_frames is not None and not callable(n_frames):
+        return int((n_frames < span).sum())
     return sum(1 for r in records if r.n_frames < span)
