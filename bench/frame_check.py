@@ -15,8 +15,28 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.data_loading import write_videos
+import torch
+from torchvision.io import encode_jpeg
+
 from datasets.annotation import DataError, VideoRecord, check_videos
+
+
+def write_videos(root, n_videos, n_frames, size):
+    """Real JPEGs (smooth blocks plus noise, so they compress like video frames)."""
+    gen = torch.Generator().manual_seed(0)
+    h, w = size
+    folders = []
+    for v in range(n_videos):
+        folder = root / f'video_{v}'
+        folder.mkdir(parents=True)
+        base = torch.randint(0, 255, (3, h // 16, w // 16), generator=gen, dtype=torch.uint8)
+        base = base.repeat_interleave(16, 1).repeat_interleave(16, 2).int()
+        for f in range(n_frames):
+            noise = torch.randint(-20, 20, (3, h, w), generator=gen)
+            frame = (base.roll(2 * f, 2) + noise).clamp(0, 255).to(torch.uint8)
+            (folder / f'image_{f + 1:05d}.jpg').write_bytes(encode_jpeg(frame, quality=90).numpy())
+        folders.append(folder)
+    return folders
 
 
 def make_folders(root, n_videos, n_frames):

@@ -40,6 +40,9 @@ def needed_ranges(records) -> dict[str, list[tuple[int, int]]]:
         spans.setdefault(r.path, []).append((r.first_frame, r.first_frame + r.n_frames))
     merged = {}
     for path, ranges in spans.items():
+        if len(ranges) == 1:  # the common case: one record per video
+            merged[path] = ranges
+            continue
         ranges.sort()
         out = [list(ranges[0])]
         for a, b in ranges[1:]:
@@ -93,10 +96,9 @@ def _check_decode(path: str, ranges, loader) -> str | None:
 
 
 def cache_key(items, mode: str, file_type: str, input_type: str) -> str:
-    h = hashlib.sha256(f'{mode}|{file_type}|{input_type}\n'.encode())
-    for path, ranges in sorted(items):
-        h.update(f'{path}\t{ranges}\n'.encode())
-    return h.hexdigest()[:32]
+    text = '\n'.join(f'{path}\t{ranges[0][0]}\t{ranges[0][1]}' if len(ranges) == 1
+                     else f'{path}\t{ranges}' for path, ranges in items)
+    return hashlib.sha256(f'{mode}|{file_type}|{input_type}\n{text}'.encode()).hexdigest()[:32]
 
 
 def check_frames(items, mode: str = 'all', file_type: str = 'jpg', input_type: str = 'rgb',
