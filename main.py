@@ -426,7 +426,8 @@ def count_skipped(train_set, ctx, tb_writer, epoch):
     """--on_bad_video skip: the samples replaced this epoch, over all ranks."""
     if not isinstance(train_set, SkipBadVideos):
         return ''
-    total = du.all_reduce_sum(torch.tensor([float(train_set.take_skipped())]), ctx)
+    count = torch.tensor([float(train_set.take_skipped())], device=ctx.device)  # NCCL: on the GPU
+    total = du.all_reduce_sum(count, ctx)
     skipped = int(total.item())
     if tb_writer is not None:
         tb_writer.add_scalar('train/skipped_samples', skipped, epoch)
