@@ -6,14 +6,18 @@ each speed/memory lever: fp32, amp, channels_last, compile, grad_checkpointing.
 
 A step is forward, cross-entropy, backward and an SGD step on random clips
 (no data loading). Each configuration runs in a fresh process: peak memory is
-the CUDA allocator's peak on a GPU, and on CPU the growth of the process's
-peak resident memory over its size before the first step (so it includes
-allocator slack). 'compile' reports its compilation (the warm-up steps)
-separately. amp is bf16 where supported, else fp16 with a GradScaler;
+the CUDA allocator's peak on a GPU; on CPU it is how far the resident memory
+of the timed steps rises above the process's size between steps (weights and
+optimizer state excluded: activations, gradients and temporaries), read from
+the kernel's high-water mark (reset through /proc/self/clear_refs) with
+glibc returning every large block on free (MALLOC_MMAP_THRESHOLD_). 'compile'
+reports its compilation (the warm-up steps) separately. amp is bf16 where supported, else fp16 with a GradScaler;
 main.py ignores --amp on CPU, where it is measured here only for reference.
 """
 import argparse
+import gc
 import multiprocessing as mp
+import os
 import resource
 import time
 
@@ -32,8 +36,17 @@ def current_rss_mb():
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def reset_peak_rss():
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')  # resets VmHWM (Linux >= 4.0)
+
+
 def peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith('VmHWM:'):
+                return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def make_step(model, config, device):
@@ -76,14 +89,17 @@ def measure(config, args, device_name, queue):
     if config == 'compile':
         model = torch.compile(model)
     step = make_step(model, config, device)
-    baseline = current_rss_mb()
-    if device.type == 'cuda':
-        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for _ in range(args.warmup):
         step(clips, labels)
     sync(device)
     warmup_s = time.perf_counter() - start
+    gc.collect()
+    baseline = current_rss_mb()
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        reset_peak_rss()
     start = time.perf_counter()
     for _ in range(args.steps):
         step(clips, labels)
@@ -109,11 +125,12 @@ def main(argv=None):
     p.add_argument('--configs', nargs='+', choices=CONFIGS, default=list(CONFIGS))
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = p.parse_args(argv)
+    os.environ.setdefault('MALLOC_MMAP_THRESHOLD_', str(1 << 20))  # read by each child's glibc
     spawn = mp.get_context('spawn')
     queue = spawn.Queue()
     print(f'{args.model}, batch {args.batch_size} x 3x{args.sample_duration}x{args.sample_size}x'
           f'{args.sample_size}, {args.device}, {args.threads} thread(s), {args.steps} timed steps')
-    memory = 'peak allocated (MB)' if args.device.startswith('cuda') else 'peak RSS growth (MB)'
+    memory = 'peak allocated (MB)' if args.device.startswith('cuda') else 'step peak above rest (MB)'
     print(f'| configuration | clips/s | {memory} | warm-up (s) |')
     print('|---|---:|---:|---:|')
     for config in args.configs:

@@ -191,3 +191,20 @@ def test_compiled_ddp_equals_one_eager_process_with_the_global_batch(tmp_path):
     got = torch.load(tmp_path / 'ddp.pt', weights_only=True)
     for key, value in eager.state_dict().items():
         assert torch.allclose(got[key], value, atol=1e-5), key
+
+
+def test_averaged_checkpoint_runs_inference(tiny_synthetic, tmp_path):
+    from util_scripts import average_checkpoints
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--checkpoint', '1', '--no_val',
+        '--ema_decay', '0.5')
+    saves = [str(tmp_path / f'save_{e}.pth') for e in (1, 2)]
+    for weights in ('raw', 'ema'):
+        average_checkpoints.main([*saves, '--weights', weights, '--output',
+                                  str(tmp_path / f'avg_{weights}.pth')])
+        result = tmp_path / f'infer_{weights}'
+        run(tiny_synthetic, result, '--no_train', '--no_val', '--inference', '--resume_path',
+            str(tmp_path / f'avg_{weights}.pth'))
+        assert len(json.loads((result / 'val.json').read_text())['results']) == 12
+    a = load_checkpoint(tmp_path / 'avg_raw.pth')['state_dict']['fc.weight']
+    b = load_checkpoint(tmp_path / 'avg_ema.pth')['state_dict']['fc.weight']
+    assert not torch.equal(a, b)
