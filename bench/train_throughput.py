@@ -5,12 +5,14 @@ each speed/memory lever: fp32, amp, channels_last, compile, grad_checkpointing.
         --sample_duration 16 --batch_size 8 [--steps 10] [--configs fp32 amp ...]
 
 A step is forward, cross-entropy, backward and an SGD step on random clips
-(no data loading). Each configuration runs in a fresh process: peak memory is
-the CUDA allocator's peak on a GPU; on CPU it is how far the resident memory
-of the timed steps rises above the process's size between steps (weights and
-optimizer state excluded: activations, gradients and temporaries), read from
-the kernel's high-water mark (reset through /proc/self/clear_refs) with
-glibc returning every large block on free (MALLOC_MMAP_THRESHOLD_). 'compile'
+(no data loading). Each configuration runs in a fresh process. Memory figures
+are above the process's memory between steps (weights and optimizer state
+excluded): 'step peak' is the highest point of a step (activations, gradients,
+temporaries), 'kept for backward' the memory in use when the forward pass
+ends (what activation checkpointing reduces). On a GPU they come from the CUDA
+allocator; on CPU from the resident size, its high-water mark reset through
+/proc/self/clear_refs, with glibc returning every large block on free
+(MALLOC_MMAP_THRESHOLD_). 'compile'
 reports its compilation (the warm-up steps) separately. amp is bf16 where supported, else fp16 with a GradScaler;
 main.py ignores --amp on CPU, where it is measured here only for reference.
 """
@@ -49,8 +51,16 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def memory_mb(device):
+    """Memory in use now: the CUDA allocator's, or the process's resident size."""
+    if device.type == 'cuda':
+        return torch.cuda.memory_allocated(device) / 2**20
+    return current_rss_mb()
+
+
 def make_step(model, config, device):
-    """One training step as a function of (clips, labels)."""
+    """One training step as a function of (clips, labels); returns the memory in
+    use between forward and backward (what autograd keeps, plus the rest)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     dtype = amp_dtype(device)
     use_amp = config == 'amp'
@@ -59,10 +69,12 @@ def make_step(model, config, device):
     def step(clips, labels):
         with torch.autocast(device.type, dtype=dtype, enabled=use_amp):
             loss = F.cross_entropy(model(clips).float(), labels)
+        after_forward = memory_mb(device)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        return after_forward
     return step
 
 
@@ -72,7 +84,7 @@ def sync(device):
 
 
 def measure(config, args, device_name, queue):
-    """Runs in its own process; puts (config, clips/s, peak MB, warm-up s)."""
+    """Runs in its own process; puts (config, clips/s, peak MB, kept MB, warm-up s)."""
     torch.set_num_threads(args.threads)
     device = torch.device(device_name)
     torch.manual_seed(0)
@@ -95,21 +107,20 @@ def measure(config, args, device_name, queue):
     sync(device)
     warmup_s = time.perf_counter() - start
     gc.collect()
-    baseline = current_rss_mb()
+    baseline = memory_mb(device)
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
     else:
         reset_peak_rss()
     start = time.perf_counter()
-    for _ in range(args.steps):
-        step(clips, labels)
+    kept = max(step(clips, labels) for _ in range(args.steps)) - baseline
     sync(device)
     rate = args.steps * args.batch_size / (time.perf_counter() - start)
     if device.type == 'cuda':
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        peak = torch.cuda.max_memory_allocated(device) / 2**20 - baseline
     else:
         peak = peak_rss_mb() - baseline
-    queue.put((config, rate, peak, warmup_s))
+    queue.put((config, rate, peak, kept, warmup_s))
 
 
 def main(argv=None):
@@ -130,18 +141,17 @@ def main(argv=None):
     queue = spawn.Queue()
     print(f'{args.model}, batch {args.batch_size} x 3x{args.sample_duration}x{args.sample_size}x'
           f'{args.sample_size}, {args.device}, {args.threads} thread(s), {args.steps} timed steps')
-    memory = 'peak allocated (MB)' if args.device.startswith('cuda') else 'step peak above rest (MB)'
-    print(f'| configuration | clips/s | {memory} | warm-up (s) |')
-    print('|---|---:|---:|---:|')
+    print('| configuration | clips/s | step peak (MB) | kept for backward (MB) | warm-up (s) |')
+    print('|---|---:|---:|---:|---:|')
     for config in args.configs:
         proc = spawn.Process(target=measure, args=(config, args, args.device, queue))
         proc.start()
         proc.join()
         if proc.exitcode != 0:
-            print(f'| {config} | failed (exit code {proc.exitcode}) | | |')
+            print(f'| {config} | failed (exit code {proc.exitcode}) | | | |')
             continue
-        name, rate, peak, warmup_s = queue.get()
-        print(f'| {name} | {rate:.2f} | {peak:.0f} | {warmup_s:.1f} |', flush=True)
+        name, rate, peak, kept, warmup_s = queue.get()
+        print(f'| {name} | {rate:.2f} | {peak:.0f} | {kept:.0f} | {warmup_s:.1f} |', flush=True)
 
 
 if __name__ == '__main__':
