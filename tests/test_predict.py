@@ -106,12 +106,6 @@ def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys
                                        rtol=1e-4, atol=1e-6)
 
 
-def _file_types():
-    from opts import build_parser
-    return next(a.choices for a in build_parser()._actions if a.dest == 'file_type')
-
-
-@pytest.mark.skipif('video' not in _file_types(), reason='--file_type video not available yet')
 def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys):
     from tests.video_files import videos_from_jpgs
     video_path, annotation_path, out, val = trained
