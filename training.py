@@ -94,10 +94,13 @@ AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 def amp_dtype(device, dtype_name=None):
-    """--amp_dtype when given, else bf16 where supported and fp16 elsewhere."""
+    """--amp_dtype when given; else bfloat16 where the GPU computes it natively
+    (compute capability 8.0 and up: A100, H100, RTX 30xx) and float16 with a
+    GradScaler below (V100, T4, RTX 20xx), where torch.cuda.is_bf16_supported()
+    counts emulation and cuDNN has no bf16 convolutions."""
     if dtype_name is not None:
         return AMP_DTYPES[dtype_name]
-    if device.type == 'cuda' and not torch.cuda.is_bf16_supported():
+    if device.type == 'cuda' and torch.cuda.get_device_capability(device) < (8, 0):
         return torch.float16
     return torch.bfloat16
 

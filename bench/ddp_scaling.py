@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 from models import resnet
-from utils.distributed import convert_sync_batchnorm, free_port
+from utils.distributed import convert_sync_batchnorm, ddp_options, free_port
 
 
 def _time_steps(model, optimizer, x, y, steps, sync, device):
@@ -68,7 +68,8 @@ def _worker(rank, world, port, args, results):
     model = model.to(device)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[rank] if device.type == 'cuda' else None)
+            model, device_ids=[rank] if device.type == 'cuda' else None,
+            **ddp_options(args.sync_bn))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     per_rank = args.global_batch // world
     x = torch.randn(per_rank, 3, args.sample_duration, args.sample_size, args.sample_size,

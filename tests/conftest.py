@@ -1,6 +1,26 @@
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'gpu: runs on a CUDA device (skipped without one)')
+
+
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_gpu(request, monkeypatch):
+    """Tests run on CPU even on a GPU machine (the suite's figures and the
+    2-process tests assume it), unless marked @pytest.mark.gpu. Subprocesses
+    inherit the hidden devices through CUDA_VISIBLE_DEVICES."""
+    if request.node.get_closest_marker('gpu') is not None:
+        if not torch.cuda.is_available():
+            pytest.skip('needs a CUDA device')
+        return
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 0)
 
 
 @pytest.fixture(scope='session')

@@ -1,5 +1,8 @@
 """Two gloo processes against one process: the same mathematics with the global
 batch (DDP + synchronised BatchNorm), exact validation, gradient accumulation."""
+import argparse
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,7 +12,8 @@ from datasets.samplers import ShardSampler
 from model import make_parallel
 from models import resnet
 from tests.dist_helpers import run_ranks
-from training import LoopConfig, OptimizerConfig, make_optimizer, train_epoch
+from training import LoopConfig, OptimizerConfig, amp_dtype, make_optimizer, train_epoch
+from utils import distributed as du
 from utils.distributed import CpuSyncBatchNorm, DistContext, convert_sync_batchnorm
 from validation import val_epoch
 
@@ -220,3 +224,120 @@ def test_validation_confusion_matrix_on_two_ranks_equals_one_process(tmp_path):
     assert torch.equal(one['confusion'], two['confusion'])
     # its diagonal is the video accuracy
     assert one['confusion'].diagonal().sum().item() / 7 == pytest.approx(one['acc'])
+
+
+# --- launchers: torchrun, srun, mpirun; the errors for launches that cannot work
+
+def test_torchrun_variables_come_first():
+    env = {'RANK': '3', 'WORLD_SIZE': '8', 'LOCAL_RANK': '1', 'MASTER_ADDR': 'n0',
+           'MASTER_PORT': '29500', 'SLURM_PROCID': '0', 'SLURM_STEP_NUM_TASKS': '2',
+           'SLURM_LOCALID': '0'}
+    assert du.read_launch_env(env) == du.LaunchEnv(3, 8, 1, 'n0', 29500)
+
+
+def test_srun_variables_give_rank_world_local_rank_and_master():
+    env = {'SLURM_PROCID': '5', 'SLURM_STEP_NUM_TASKS': '16', 'SLURM_LOCALID': '1',
+           'SLURM_STEP_NODELIST': 'gpu[07-08]', 'SLURM_JOB_NODELIST': 'gpu[07-08]',
+           'SLURM_JOB_ID': '123456'}
+    assert du.read_launch_env(env, device_count=4) == \
+        du.LaunchEnv(5, 16, 1, 'gpu07', 20000 + 123456 % 20000)
+
+
+def test_the_batch_script_itself_is_not_a_rank():
+    # sbatch's shell has SLURM_PROCID and SLURM_NTASKS but no job step.
+    env = {'SLURM_PROCID': '0', 'SLURM_NTASKS': '16', 'SLURM_JOB_ID': '1'}
+    with pytest.raises(du.LaunchError, match='torchrun or srun'):
+        du.read_launch_env(env)
+
+
+@pytest.mark.parametrize('extra, cli, gpus, expected', [
+    ({'LOCAL_RANK': '2'}, None, 8, 2),
+    ({'SLURM_LOCALID': '3'}, None, 8, 3),
+    ({'OMPI_COMM_WORLD_LOCAL_RANK': '4'}, None, 8, 4),
+    ({}, 1, 8, 1),          # torch.distributed.launch's --local-rank
+    ({}, None, 4, 11 % 4),  # RANK/WORLD_SIZE only: rank % visible GPUs
+    ({}, None, 0, 0),       # CPU
+])
+def test_local_rank_fallbacks(extra, cli, gpus, expected):
+    env = dict(RANK='11', WORLD_SIZE='16', MASTER_ADDR='a', MASTER_PORT='1', **extra)
+    assert du.read_launch_env(env, cli, gpus).local_rank == expected
+
+
+@pytest.mark.parametrize('nodelist, host', [
+    ('node1', 'node1'), ('a,b', 'a'), ('gpu[07-10,12],cpu3', 'gpu07'),
+    ('rack[1-2]-n[3-4]', 'rack1-n3'), ('x-y[001-004]', 'x-y001'), ('10.0.0.5', '10.0.0.5'),
+])
+def test_first_host_of_a_slurm_node_list(nodelist, host):
+    assert du.first_host(nodelist) == host
+
+
+def test_local_rank_beyond_the_visible_gpus_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    with pytest.raises(du.LaunchError, match='local rank 2 but only 2 GPU'):
+        du.select_device(False, 2)
+
+
+def _opt(**kw):
+    base = dict(distributed=True, no_cuda=True, dist_backend=None, local_rank=None,
+                dist_url='tcp://127.0.0.1:1')
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_nccl_without_gpus_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    monkeypatch.setenv('MASTER_PORT', str(du.free_port()))
+    with pytest.raises(du.LaunchError, match='--dist_backend nccl needs GPUs'):
+        du.init_distributed(_opt(dist_backend='nccl'))  # fails before waiting for rank 1
+
+
+def test_torchrun_without_distributed_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    with pytest.raises(du.LaunchError, match='add --distributed'):
+        du.init_distributed(_opt(distributed=False))
+
+
+@pytest.mark.parametrize('local_world, prefixed', [('2', True), ('1', False)])
+def test_restart_prefix_only_where_one_agent_holds_every_rank(local_world, prefixed):
+    """Each node's agent counts its own restarts: on two nodes their counts
+    differ, so the prefix would split the ranks (the two-agent test in
+    test_torchrun.py shows the job then recovers)."""
+    launch = du.LaunchEnv(0, 2, 0, '127.0.0.1', du.free_port())
+    env = {'LOCAL_WORLD_SIZE': local_world, 'TORCHELASTIC_RESTART_COUNT': '1'}
+    store = du._launcher_store(launch, env)
+    assert isinstance(store, torch.distributed.PrefixStore) == prefixed
+    store.set('k', 'v')
+    plain = torch.distributed.TCPStore('127.0.0.1', launch.master_port, is_master=False)
+    assert plain.check(['resnets3d/attempt_1/k' if prefixed else 'k'])
+
+
+def test_ddp_options_under_synchronised_batchnorm():
+    assert du.ddp_options(True) == dict(broadcast_buffers=False, gradient_as_bucket_view=True)
+    assert du.ddp_options(False)['broadcast_buffers'] is True
+
+
+@pytest.mark.parametrize('capability, dtype', [((7, 0), torch.float16), ((7, 5), torch.float16),
+                                               ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_amp_dtype_follows_compute_capability(monkeypatch, capability, dtype):
+    # is_bf16_supported() says True on a V100 (emulation); the capability decides.
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: capability)
+    assert amp_dtype(torch.device('cuda', 0)) == dtype
+    assert amp_dtype(torch.device('cpu')) == torch.bfloat16
+
+
+def test_gpus_are_hidden_from_unmarked_tests():
+    assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
+    out = subprocess.run([sys.executable, '-c', 'import torch; print(torch.cuda.device_count())'],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == '0'
+
+
+@pytest.mark.gpu
+def test_gpu_marked_tests_see_the_gpu():
+    assert torch.cuda.device_count() >= 1
+    assert amp_dtype(torch.device('cuda', 0)) == (
+        torch.bfloat16 if torch.cuda.get_device_capability(0) >= (8, 0) else torch.float16)

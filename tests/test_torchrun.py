@@ -149,3 +149,47 @@ def test_main_spawns_its_own_processes_without_a_launcher(tiny_synthetic, tmp_pa
     out = check_run([sys.executable, MAIN] + args)
     assert '1 process(es)' in out
     assert torch.load(result / 'save_1.pth', weights_only=True)['epoch'] == 1
+
+
+@pytest.mark.parametrize('share_store', [True, False], ids=['agent_store', 'fresh_store'])
+def test_two_agent_elastic_restart_recovers(tiny_synthetic, tmp_path, share_store):
+    """Two torchrun agents (two 'nodes') on loopback, c10d rendezvous: one worker is
+    killed, both agents restart their workers, and the job resumes and finishes.
+    The node whose worker survived sees a membership change, which its agent does
+    not count as a restart: the restart counts of the two nodes then differ."""
+    result = tmp_path / 'r'
+    n_epochs = 6
+    args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', str(n_epochs),
+                     '--checkpoint', '1', '--auto_resume', '--n_threads', '0', '--no_val')
+    port = free_port()
+    e = env()
+    if not share_store:
+        e['TORCH_DISABLE_SHARE_RDZV_TCP_STORE'] = '1'
+    agents = [subprocess.Popen(
+        torchrun('--nnodes=2', '--nproc_per_node=1', '--rdzv_backend=c10d',
+                 f'--rdzv_endpoint=127.0.0.1:{port}', '--rdzv_id=two_agents', '--max-restarts=2',
+                 '--monitor-interval=0.5', MAIN) + args,
+        cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True) for _ in range(2)]
+    try:
+        deadline = time.time() + 180
+        while not (result / 'save_1.pth').exists():
+            assert all(a.poll() is None for a in agents) and time.time() < deadline, \
+                [a.communicate()[0][-3000:] for a in agents]
+            time.sleep(0.05)
+        victim = _worker_pids(agents[1].pid)
+        assert len(victim) == 1
+        os.kill(victim[0], signal.SIGKILL)
+        outs = [a.communicate(timeout=300)[0] for a in agents]
+    finally:
+        # Workers run in sessions of their own: end them too if the job hangs.
+        for pid in [w for a in agents for w in _worker_pids(a.pid)] + [a.pid for a in agents]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert [a.returncode for a in agents] == [0, 0], [o[-4000:] for o in outs]
+    assert 'auto-resume from' in ''.join(outs)
+    assert load_checkpoint(result / f'save_{n_epochs}.pth')['epoch'] == n_epochs
+    epochs = [int(r['epoch']) for r in read_tsv(result / 'train.log')]
+    assert set(epochs) == set(range(1, n_epochs + 1)) and len(epochs) < 2 * n_epochs

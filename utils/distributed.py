@@ -7,6 +7,7 @@ visible GPU and uses --dist_url / --world_size / --node_rank).
 """
 import datetime
 import os
+import re
 import socket
 import warnings
 from dataclasses import dataclass
@@ -20,6 +21,11 @@ import torch.nn as nn
 warnings.filterwarnings('ignore', message='torch.distributed.nn.functional.all_reduce is deprecated')
 
 
+class LaunchError(RuntimeError):
+    """A launch that cannot work (wrong launcher, options or GPU count); the
+    message says what to change."""
+
+
 @dataclass
 class DistContext:
     rank: int = 0
@@ -27,6 +33,10 @@ class DistContext:
     world_size: int = 1
     device: torch.device = torch.device('cpu')
     distributed: bool = False
+    # Small host-side collectives (stop flags, gathered results) go through a
+    # gloo group: never through GPU memory, no device synchronisation. None is
+    # the default group, itself gloo on CPU.
+    cpu_group: object = None
 
     @property
     def is_main(self):
@@ -44,8 +54,75 @@ def launched_by_torchrun():
     return 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
 
 
+def launched_by_srun(environ=os.environ):
+    """A process of an srun job step (srun sets SLURM_STEP_NUM_TASKS; the batch
+    script itself, which must not wait for peers, has no step)."""
+    return 'SLURM_PROCID' in environ and 'SLURM_STEP_NUM_TASKS' in environ
+
+
+def launched_by_a_launcher():
+    return launched_by_torchrun() or launched_by_srun()
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def first_host(nodelist):
+    """The first host of a SLURM node list: 'gpu[07-10,12],cpu3' -> 'gpu07'."""
+    first, depth = '', 0
+    for ch in nodelist:  # the first entry: up to the first comma outside brackets
+        depth += ch == '['
+        depth -= ch == ']'
+        if ch == ',' and depth == 0:
+            break
+        first += ch
+    # In each bracket keep the first item, and of a range its start.
+    return re.sub(r'\[([^\]]*)\]', lambda m: re.split(r'[-,]', m.group(1))[0], first)
+
+
+def local_rank_from(environ, rank, cli_local_rank, device_count):
+    """LOCAL_RANK (torchrun), SLURM_LOCALID (srun), OMPI_COMM_WORLD_LOCAL_RANK
+    (mpirun), --local_rank (torch.distributed.launch), else rank % GPUs."""
+    for key in ('LOCAL_RANK', 'SLURM_LOCALID', 'OMPI_COMM_WORLD_LOCAL_RANK'):
+        if key in environ:
+            return int(environ[key])
+    if cli_local_rank is not None:
+        return cli_local_rank
+    return rank % device_count if device_count > 0 else 0
+
+
+def read_launch_env(environ, cli_local_rank=None, device_count=0):
+    """Rank, world size, local rank and master address from torchrun's variables,
+    or from SLURM's for `srun python main.py --distributed`."""
+    if 'RANK' in environ and 'WORLD_SIZE' in environ:
+        rank, world_size = int(environ['RANK']), int(environ['WORLD_SIZE'])
+    elif launched_by_srun(environ):
+        rank, world_size = int(environ['SLURM_PROCID']), int(environ['SLURM_STEP_NUM_TASKS'])
+    else:
+        raise LaunchError('--distributed needs a launcher environment (RANK and WORLD_SIZE '
+                           'from torchrun, or an srun job step); run under torchrun or srun, '
+                           'or let main.py spawn processes')
+    nodes = environ.get('SLURM_STEP_NODELIST') or environ.get('SLURM_JOB_NODELIST', '')
+    addr = environ.get('MASTER_ADDR') or (first_host(nodes) if nodes else '127.0.0.1')
+    # Every task of a job derives the same port from the job id.
+    port = environ.get('MASTER_PORT') or 20000 + int(environ.get('SLURM_JOB_ID', 0)) % 20000
+    return LaunchEnv(rank, world_size, local_rank_from(environ, rank, cli_local_rank, device_count),
+                     addr, int(port))
+
+
 def select_device(no_cuda, local_rank):
     if not no_cuda and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if local_rank >= n:
+            raise LaunchError(f'local rank {local_rank} but only {n} GPU(s) are visible '
+                               f'(CUDA_VISIBLE_DEVICES={os.environ.get("CUDA_VISIBLE_DEVICES")}): '
+                               f'start at most {n} processes per node')
         torch.cuda.set_device(local_rank)
         return torch.device('cuda', local_rank)
     return torch.device('cpu')
@@ -54,48 +131,67 @@ def select_device(no_cuda, local_rank):
 PG_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-def _attempt_store(rank, world_size):
-    """The launcher's store, with a key prefix per restart attempt.
+def one_agent_holds_all_ranks(environ, world_size):
+    return int(environ.get('LOCAL_WORLD_SIZE', -1)) == world_size
 
-    torchrun's static rendezvous keeps one TCPStore across restarts, while
-    init_process_group('env://') assumes a fresh store each attempt: after an
-    elastic restart the new ranks read the dead ranks' addresses and the gloo
-    or NCCL connection hangs or is refused. A prefix per attempt avoids that.
+
+def _launcher_store(launch, environ=os.environ):
+    """The store the ranks meet in; a key prefix per restart where that is right.
+
+    torchrun's agent keeps its TCPStore across restarts (static rendezvous, and
+    c10d sharing its store with the workers), while init_process_group assumes
+    a fresh store: after a restart the new ranks would read the dead ranks'
+    addresses. TORCHELASTIC_RESTART_COUNT names the attempt only when one agent
+    holds every rank: each node's agent counts its own restarts, and a restart
+    caused by another node is a membership change, not counted. Multi-node
+    elastic jobs get a fresh store per round with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see README, Running on a cluster).
     """
-    addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
-    agent_store = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
-    store = dist.TCPStore(addr, port, world_size, is_master=not agent_store and rank == 0,
+    agent_store = environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size,
+                          is_master=not agent_store and launch.rank == 0,
                           timeout=PG_TIMEOUT, multi_tenant=not agent_store)
-    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    if not one_agent_holds_all_ranks(environ, launch.world_size):
+        return store
+    attempt = environ.get('TORCHELASTIC_RESTART_COUNT', '0')
     return dist.PrefixStore(f'resnets3d/attempt_{attempt}', store)
+
+
+def check_backend(backend, device):
+    if backend == 'nccl' and device.type != 'cuda':
+        raise LaunchError('--dist_backend nccl needs GPUs: drop --no_cuda, or use '
+                           '--dist_backend gloo to run on CPU')
 
 
 def init_distributed(opt, local_rank=None, rank=None, world_size=None):
     """Initialises the process group; returns the DistContext of this process.
 
-    With no arguments, reads torchrun's environment. main.py's own spawner
-    passes local_rank, rank and world_size explicitly.
+    With no arguments, reads the launcher's environment (torchrun or srun).
+    main.py's own spawner passes local_rank, rank and world_size explicitly.
     """
     if not opt.distributed:
+        if int(os.environ.get('WORLD_SIZE', 1)) > 1:
+            raise LaunchError(f'started as one of {os.environ["WORLD_SIZE"]} processes (torchrun) '
+                              f'without --distributed: each would train alone into the same '
+                              f'--result_path; add --distributed')
         return DistContext(device=select_device(opt.no_cuda, 0))
+    launch = None
     if rank is None:
-        if not launched_by_torchrun():
-            raise RuntimeError('--distributed needs a launcher environment (RANK, WORLD_SIZE); '
-                               'run under torchrun, or let main.py spawn processes')
-        rank = int(os.environ['RANK'])
-        world_size = int(os.environ['WORLD_SIZE'])
-        local_rank = int(os.environ.get('LOCAL_RANK', opt.local_rank or 0))
-        init = dict(store=_attempt_store(rank, world_size))
-    else:
-        init = dict(init_method=opt.dist_url)
+        n_gpus = 0 if opt.no_cuda else torch.cuda.device_count()
+        launch = read_launch_env(os.environ, opt.local_rank, n_gpus)
+        rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
     device = select_device(opt.no_cuda, local_rank)
     backend = opt.dist_backend or ('nccl' if device.type == 'cuda' else 'gloo')
+    check_backend(backend, device)
+    init = dict(store=_launcher_store(launch)) if launch else dict(init_method=opt.dist_url)
     kwargs = dict(backend=backend, rank=rank, world_size=world_size, timeout=PG_TIMEOUT, **init)
     if backend == 'nccl':
         kwargs['device_id'] = device  # binds the communicator eagerly, avoids a hang on mismatch
     dist.init_process_group(**kwargs)
+    cpu_group = dist.new_group(backend='gloo', timeout=kwargs['timeout']) \
+        if backend == 'nccl' else None
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size,
-                       device=device, distributed=True)
+                       device=device, distributed=True, cpu_group=cpu_group)
 
 
 def set_collective_timeout(ctx, seconds):
@@ -127,11 +223,11 @@ def all_reduce_sum(tensor, ctx):
 
 
 def gather_objects_to_main(obj, ctx):
-    """List of every rank's obj on rank 0 (None elsewhere)."""
+    """List of every rank's obj on rank 0 (None elsewhere), over the CPU group."""
     if not ctx.distributed:
         return [obj]
     out = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(obj, out, dst=0)
+    dist.gather_object(obj, out, dst=0, group=ctx.cpu_group)
     return out
 
 
@@ -139,8 +235,16 @@ def broadcast_object(obj, ctx):
     if not ctx.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=ctx.cpu_group)
     return box[0]
+
+
+def ddp_options(batchnorm_sync):
+    """DistributedDataParallel keyword arguments. Synchronised BatchNorm keeps
+    the running statistics equal on every rank, so rank 0's need not be
+    broadcast before each forward; gradients as views of the all-reduce
+    buckets save one copy and the memory of a second set of gradients."""
+    return dict(broadcast_buffers=not batchnorm_sync, gradient_as_bucket_view=True)
 
 
 class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):

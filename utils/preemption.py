@@ -1,0 +1,103 @@
+"""Stopping cleanly when asked: SIGTERM (scancel, torchrun's shutdown, SLURM
+preemption), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's warning before the time limit,
+`#SBATCH --signal=USR1@180`).
+
+The handler only records the signal. The training loop finishes the optimizer
+step it is in, the ranks agree to stop at the same step (one tiny collective
+over a CPU group), a checkpoint is written, and the process exits with
+EXIT_PREEMPTED. Under SLURM with --requeue, rank 0 requeues the job first.
+"""
+import os
+import signal
+import subprocess
+
+import torch
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# EX_TEMPFAIL: stopped on request with the state in a checkpoint; run the same
+# command again (with --auto_resume) to continue.
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+    """Raised after the checkpoint of a stopped run is written."""
+
+    def __init__(self, signal_name, checkpoint):
+        super().__init__(f'stopped by {signal_name}: state saved in {checkpoint}; run the same '
+                         f'command with --auto_resume to continue')
+        self.signal_name = signal_name
+        self.checkpoint = checkpoint
+
+
+class StopRequest:
+    """Records the first stop signal; install() in the main thread, ask
+    `requested` between steps. A second SIGINT interrupts at once (a user who
+    presses Ctrl-C twice does not want to wait for the step)."""
+
+    def __init__(self):
+        self.signum = None
+        self._previous = {}
+
+    def install(self):
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def __enter__(self):
+        return self.install()
+
+    def __exit__(self, *exc):
+        self.restore()
+
+    def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def requested(self):
+        return self.signum is not None
+
+    @property
+    def signal_name(self):
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+
+class NoStopRequest:
+    """For loops run outside main.py (tests, benchmarks): never asks to stop."""
+    requested = False
+    signal_name = None
+
+
+def agree_to_stop(local_request, ctx):
+    """True on every rank when any rank was asked to stop: ranks stop at the
+    same step, so none waits alone in the next collective. A CPU tensor over
+    ctx.cpu_group: no GPU synchronisation per step."""
+    if not ctx.distributed:
+        return local_request
+    import torch.distributed as dist
+    flag = torch.tensor([1 if local_request else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.cpu_group)
+    return bool(flag.item())
+
+
+def requeue_slurm_job(environ=os.environ, run=subprocess.run):
+    """Puts this SLURM job back in the queue (`scontrol requeue`); returns a
+    line to print. The job must have been submitted requeueable (the sbatch
+    script's --requeue)."""
+    job = environ.get('SLURM_JOB_ID')
+    if not job:
+        return '--requeue: not a SLURM job (no SLURM_JOB_ID), not requeued'
+    try:
+        proc = run(['scontrol', 'requeue', job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f'--requeue: scontrol requeue {job} failed: {e}'
+    if proc.returncode != 0:
+        return f'--requeue: scontrol requeue {job} failed: {proc.stderr.strip()}'
+    return f'requeued SLURM job {job}'
