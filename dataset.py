@@ -31,6 +31,7 @@ from datasets.video_index import load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from opts import OptionError
 from utils.distributed import barrier
+from utils.resumable_data import ResumableSampler, SeededSamples
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
 INDEX_CACHE_DIR = 'data_index'
@@ -169,9 +170,12 @@ def make_train_loader(dataset, opt, ctx):
     if micro_batch > len(sampler):
         raise DataError(f'--batch_size {opt.batch_size} is larger than the training set '
                         f'({len(dataset)} videos over {ctx.world_size} processes): lower it')
+    # Resumable at any batch (utils/resumable_data.py); the loader's own
+    # generator keeps its worker seeds out of the global random state.
     # drop_last: a 1-clip batch breaks BatchNorm and distorts the epoch mean.
-    return VideoDataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                      **_loader_kwargs(opt, ctx))
+    return VideoDataLoader(SeededSamples(dataset, opt.manual_seed), batch_size=micro_batch,
+                           sampler=ResumableSampler(sampler), drop_last=True,
+                           generator=torch.Generator(), **_loader_kwargs(opt, ctx))
 
 
 def make_val_loader(dataset, opt, ctx):

@@ -9,8 +9,10 @@ restore (model, pretrained or resumed weights, frozen layers), fit (the epoch
 loop) or evaluate (validation only), and infer.
 """
 import contextlib
+import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,11 +59,14 @@ from utils.result_folder import (
     check_writable,
     refuse_or_clear_other_run,
 )
+from utils.preemption import EXIT_PREEMPTED, Preempted, StopRequest, agree_to_stop, requeue_slurm_job
+from utils.resumable_data import start_epoch
+from utils.retention import BestTracker, checkpoint_name, prune_checkpoints
 from utils.run_record import RunRecord
 from validation import val_epoch
 
 # Bad input: one clear message and exit status 2, no traceback.
-USER_ERRORS = (DataError, OptionError, CheckpointError, ResultFolderError)
+USER_ERRORS = (DataError, OptionError, CheckpointError, ResultFolderError, du.LaunchError)
 VAL_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'clip_acc']
 LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
 
@@ -144,7 +149,11 @@ def prepare(opt, ctx):
     """The run record: device settings, the effective learning rate, the data
     paths and the checkpoint to resume from."""
     if ctx.device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True  # fixed clip shapes: pick the fastest kernels
+        # Fixed clip shapes: cudnn.benchmark picks the fastest kernels, which
+        # may differ from run to run; --deterministic trades that for repeatability.
+        torch.backends.cudnn.benchmark = not opt.deterministic
+    if opt.deterministic:
+        make_deterministic()
     if opt.amp and ctx.device.type != 'cuda':
         # bf16 convolutions are no faster than fp32 on most CPUs, and oneDNN's
         # bf16 conv3d backward gave sporadic infinite weight gradients here.
@@ -162,6 +171,15 @@ def prepare(opt, ctx):
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
         video_path=video_path, annotation_path=annotation_path,
         resume_path=resume, **fine_tuning_settings(opt, resume))
+
+
+def make_deterministic():
+    """Deterministic kernels where torch has them; torch warns for the few it
+    has not (on GPUs: AdaptiveAvgPool3d backward, NLLLoss). The cuBLAS setting
+    must be in place before its first use."""
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def effective_learning_rate(opt, ctx):
@@ -262,6 +280,7 @@ def restore(opt, ctx, record):
         weights = 'raw' if not opt.no_train else opt.inference_weights
         load_state_dict_checked(model, inference_state_dict(checkpoint, weights, source), source, opt)
         record.begin_epoch = checkpoint['epoch'] + 1
+        record.begin_batch = checkpoint.get('batches_done', 0)
     elif opt.no_train and opt.inference_weights == 'ema':
         raise OptionError('--inference_weights ema without training needs --resume_path '
                           '(a checkpoint saved with --ema_decay)')
@@ -304,6 +323,7 @@ class Trainer:
     schedule: LRSchedule
     scaler: torch.amp.GradScaler
     ema: torch.optim.swa_utils.AveragedModel | None = None
+    mix_rng: np.random.Generator | None = None  # this epoch's mixup/cutmix draws
 
 
 def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
@@ -326,23 +346,25 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
         optimizer.load_state_dict(checkpoint['optimizer'])
         schedule.load_state_dict(checkpoint['scheduler'], milestones=(
             opt.multistep_milestones if opt.overwrite_milestones else None))
-        if 'scaler' in checkpoint:
+        if checkpoint.get('scaler') and fp16:  # empty from a bf16 or fp32 run
             scaler.load_state_dict(checkpoint['scaler'])
-        restore_rng_state(checkpoint.get('rng_state'))
     return Trainer(optimizer, schedule, scaler, ema)
 
 
 @contextlib.contextmanager
-def training_logs(opt, ctx, with_val, last_epoch):
+def training_logs(opt, ctx, with_val, last_epoch, last_iter=None):
     """train.log, train_batch.log and val.log (rank 0; None elsewhere), closed
     also when the run fails. Rows of epochs after last_epoch (the resumed
-    checkpoint's, or 0) are dropped first: the logs then equal an uninterrupted
-    run's."""
+    checkpoint's, or 0) are dropped first, and after a mid-epoch checkpoint the
+    batch rows after last_iter: the logs then equal an uninterrupted run's."""
     with contextlib.ExitStack() as stack:
         logs = dict(train=None, batch=None, val=None)
         if ctx.is_main:
             for name in LOG_NAMES:
-                truncate_log(opt.result_path / name, last_epoch)
+                if name == 'train_batch.log' and last_iter is not None:
+                    truncate_log(opt.result_path / name, last_epoch + 1, last_iter)
+                else:
+                    truncate_log(opt.result_path / name, last_epoch)
             logs['train'] = stack.enter_context(TsvLogger(
                 opt.result_path / 'train.log',
                 ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait']))
@@ -357,25 +379,33 @@ def training_logs(opt, ctx, with_val, last_epoch):
 
 def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_writer):
     """Epochs record.begin_epoch..n_epochs: train, validate, step the schedule,
-    checkpoint. Returns the EMA model (None without --ema_decay)."""
+    checkpoint. Returns the EMA model (None without --ema_decay). After a stop
+    signal the run ends at the next optimizer step with a checkpoint (Preempted)."""
     train_loader = data.make_train_loader(datasets.train, opt, ctx)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=opt.label_smoothing).to(ctx.device)
     trainer = make_trainer(opt, ctx, record, model, checkpoint, len(train_loader))
+    saver = CheckpointSaver(opt, ctx, record, model, trainer, datasets.class_names)
+    check_resume_batch(record, len(train_loader))
     if config.mix.enabled:
         log(ctx, 'mixup/cutmix: the training accuracy is against each clip\'s dominant label')
     if record.begin_epoch > opt.n_epochs:
         log(ctx, f'checkpoint epoch {record.begin_epoch - 1} >= --n_epochs {opt.n_epochs}: '
                  f'nothing to train')
-    with training_logs(opt, ctx, val_loader is not None, record.begin_epoch - 1) as logs:
+    last_iter = (record.begin_epoch - 1) * len(train_loader) + record.begin_batch
+    with training_logs(opt, ctx, val_loader is not None, record.begin_epoch - 1,
+                       last_iter if record.begin_batch else None) as logs, StopRequest() as stop:
+        steps = StepCheckpoints(opt.checkpoint_steps, opt.accumulation_steps, stop, ctx, saver)
         for epoch in range(record.begin_epoch, opt.n_epochs + 1):
-            seed = epoch_seed(opt.manual_seed, ctx.rank, epoch)
-            data.seed_worker_rngs(seed)
-            train_loader.sampler.set_epoch(epoch)
+            first_batch = record.begin_batch if epoch == record.begin_epoch else 0
+            start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, first_batch)
             t0 = time.time()
-            extras = EpochExtras(ema=trainer.ema, mix_rng=np.random.default_rng([seed, 1]))
+            extras = EpochExtras(ema=trainer.ema, mix_rng=trainer.mix_rng, first_batch=first_batch,
+                                 after_step=lambda done, e=epoch: steps.after_step(e, done))
             stats = train_epoch(epoch, train_loader, model, criterion, trainer.optimizer,
                                 trainer.schedule, trainer.scaler, ctx, config, logs['batch'],
                                 tb_writer, extras)
+            if steps.stopped_at is not None:
+                raise Preempted(stop.signal_name or 'a signal to another rank', steps.stopped_at)
             if opt.compile and epoch == record.begin_epoch:
                 log(ctx, f'compile: the first training step took {stats["first_step_s"]:.1f} s '
                          f'(compilation included)')
@@ -400,14 +430,31 @@ def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_wr
             trainer.schedule.after_epoch(val_stats['loss'] if val_stats else stats['loss'])
             if tb_writer is not None:
                 tb_writer.flush()
-            if epoch % opt.checkpoint == 0 or epoch == opt.n_epochs:
-                # A failed write (disk full) stops every rank; earlier checkpoints stay.
-                on_main_rank(ctx, lambda: save_checkpoint(
-                    opt.result_path / f'save_{epoch}.pth', epoch, opt, record, model, trainer,
-                    datasets.class_names))
-            else:
-                du.barrier(ctx)
+            stopping = agree_to_stop(stop.requested, ctx) and epoch < opt.n_epochs
+            path = saver.after_epoch(epoch, val_stats, force=stopping)
+            if stopping:
+                raise Preempted(stop.signal_name or 'a signal to another rank', path)
     return trainer.ema
+
+
+def start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, first_batch):
+    """Seeds the epoch (data order, augmentation, model-side and mixup draws);
+    after a mid-epoch checkpoint, starts where it was written."""
+    seed = epoch_seed(opt.manual_seed, ctx.rank, epoch)
+    data.seed_worker_rngs(seed)
+    start_epoch(train_loader, epoch, first_batch)
+    trainer.mix_rng = np.random.default_rng([seed, 1])
+    if first_batch:  # the interrupted run's random states at that step
+        restore_rng_state(checkpoint.get('rng_state'))
+        if checkpoint.get('mix_rng'):
+            trainer.mix_rng.bit_generator.state = checkpoint['mix_rng']
+
+
+def check_resume_batch(record, n_batches):
+    if record.begin_batch >= n_batches:
+        raise OptionError(f'{record.resume_path} was written after {record.begin_batch} batches of '
+                          f'epoch {record.begin_epoch}, which has {n_batches} here: resume '
+                          f'with the --batch_size and number of processes it was written with')
 
 
 def validate(epoch, val_loader, model, ema, ctx, config, tb_writer, class_names):
@@ -435,9 +482,69 @@ def count_skipped(train_set, ctx, tb_writer, epoch):
 
 
 def epoch_seed(manual_seed, rank, epoch):
-    """Each (rank, epoch) gets its own stream, so ranks augment differently and a
-    resumed run draws exactly what the uninterrupted run drew."""
+    """The random state at the start of each (rank, epoch): model-side and
+    mixup draws, so a resumed run draws what the uninterrupted run drew. Each
+    clip's augmentation has a seed of its own (utils/resumable_data.py)."""
     return (manual_seed * 1_000_003 + rank * 10_007 + epoch) % (2**63)
+
+
+class StepCheckpoints:
+    """After each optimizer step: a mid-epoch checkpoint every --checkpoint_steps
+    steps, and, when any rank got a stop signal, one more and the end of the
+    epoch loop (every rank at the same step)."""
+
+    def __init__(self, every_steps, accumulation_steps, stop, ctx, saver):
+        self.every, self.k, self.stop, self.ctx, self.saver = \
+            every_steps, accumulation_steps, stop, ctx, saver
+        self.stopped_at = None
+
+    def after_step(self, epoch, batches_done):
+        stopping = agree_to_stop(self.stop.requested, self.ctx)
+        due = self.every > 0 and (batches_done // self.k) % self.every == 0
+        if stopping or due:
+            path = self.saver.save(epoch, batches_done)
+            if stopping:
+                self.stopped_at = path
+        return stopping
+
+
+class CheckpointSaver:
+    """Writes checkpoints on rank 0 (every rank waits until the file is
+    complete), keeps --keep_last of them, and with --keep_last best.pth."""
+
+    def __init__(self, opt, ctx, record, model, trainer, class_names):
+        self.opt, self.ctx = opt, ctx
+        self.state = (record, model, trainer, class_names)  # what save_checkpoint takes
+        self.best = BestTracker(opt.result_path) if ctx.is_main and opt.keep_last else None
+
+    def save(self, epoch, batches_done=0):
+        """The checkpoint after `batches_done` batches of `epoch` (0: all of it).
+        A failed write (disk full) stops every rank; earlier checkpoints stay."""
+        path = self.opt.result_path / checkpoint_name(epoch, batches_done)
+
+        def write():
+            save_checkpoint(path, epoch, self.opt, *self.state, batches_done)
+            prune_checkpoints(self.opt.result_path, self.opt.keep_last)
+        on_main_rank(self.ctx, write)
+        return path
+
+    def after_epoch(self, epoch, val_stats, force=False):
+        """The end-of-epoch checkpoint when --checkpoint asks for it (or force),
+        and best.pth; returns the path written, or None."""
+        path = None
+        if epoch % self.opt.checkpoint == 0 or epoch == self.opt.n_epochs or force:
+            path = self.save(epoch)
+        else:
+            du.barrier(self.ctx)
+        acc = val_stats['acc'] if val_stats else None  # equal on every rank
+        if self.opt.keep_last and acc is not None:
+            on_main_rank(self.ctx, lambda: self.save_best(epoch, acc))
+        return path
+
+    def save_best(self, epoch, video_acc):
+        if self.best.improves(video_acc):
+            save_checkpoint(self.best.path, epoch, self.opt, *self.state)
+            self.best.saved(epoch, video_acc)
 
 
 def describe_validation(stats):
@@ -448,11 +555,17 @@ def describe_validation(stats):
     return text
 
 
-def save_checkpoint(path, epoch, opt, record, model, trainer, class_names):
+def save_checkpoint(path, epoch, opt, record, model, trainer, class_names, batches_done=0):
     """The predecessor's keys, plus the class names and the fine-tuning settings:
-    with 'arch' and 'opts' a checkpoint is usable alone (predict.py, resuming)."""
+    with 'arch' and 'opts' a checkpoint is usable alone (predict.py, resuming).
+    The state after `batches_done` batches of `epoch` (0: the whole epoch;
+    'epoch' counts the completed epochs, as in 3D-ResNets-PyTorch)."""
+    mid_epoch = {'mix_rng': trainer.mix_rng.bit_generator.state} \
+        if batches_done and trainer.mix_rng is not None else {}
     save_checkpoint_atomic({
-        'epoch': epoch,
+        'epoch': epoch if batches_done == 0 else epoch - 1,
+        'batches_done': batches_done,
+        **mid_epoch,
         'arch': opt.arch,
         'class_names': list(class_names),
         **{key: getattr(record, key) for key in FINE_TUNING_KEYS},
@@ -537,32 +650,50 @@ def tensorboard_writer(opt, ctx):
 # ----------------------------------------------------------------------------- processes
 
 def worker(local_rank, opt, ranks_per_node):
-    """One process: sets up its device and process group, then runs."""
+    """One process: sets up its device and process group, runs, and ends."""
     if local_rank is None:
         ctx = du.init_distributed(opt)
     else:  # spawned by main() itself
         rank = opt.node_rank * ranks_per_node + local_rank
         world = max(1, opt.world_size) * ranks_per_node
         ctx = du.init_distributed(opt, local_rank=local_rank, rank=rank, world_size=world)
-    broken = False
     try:
         run(opt, ctx)
-    except RuntimeError as e:
-        broken = ctx.distributed and is_collective_failure(e)
-        if broken:  # destroying the broken group could block (NCCL): just exit
-            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise CollectiveFailure(
-                f'rank {ctx.rank}: a collective failed ({first_line}): another process of the '
-                f'job died or froze (--dist_timeout {opt.dist_timeout}s); torchrun '
-                f'--max-restarts restarts the job and --auto_resume continues it') from None
-        raise
-    finally:
-        if not broken:
-            du.cleanup(ctx)
+    except Preempted as stopped:
+        log(ctx, str(stopped))
+        if opt.requeue and ctx.is_main:
+            log(ctx, requeue_slurm_job())
+        du.cleanup(ctx)  # every rank stopped at the same step: a clean teardown
+        sys.exit(EXIT_PREEMPTED)
+    except BaseException as error:
+        if not ctx.distributed:
+            raise
+        # destroy_process_group() after a failure can block (NCCL: the peers wait
+        # in their next collective, or the group is broken): exit without it,
+        # and the launcher ends the other ranks.
+        exit_now(error, ctx, opt)
+    du.cleanup(ctx)
 
 
-class CollectiveFailure(RuntimeError):
-    """Another process of the job died or froze; this one exits."""
+def exit_now(error, ctx, opt):
+    """Reports the error as main() would, then ends the process at once."""
+    code = 1
+    if isinstance(error, RuntimeError) and is_collective_failure(error):
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        print(f'error: rank {ctx.rank}: a collective failed ({first_line}): another process of '
+              f'the job died or froze (--dist_timeout {opt.dist_timeout}s); torchrun '
+              f'--max-restarts restarts the job and --auto_resume continues it', file=sys.stderr)
+    elif isinstance(error, USER_ERRORS):
+        print(f'error: {error}', file=sys.stderr)
+        code = 2
+    elif isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else 1
+    else:
+        traceback.print_exception(error)
+        code = 130 if isinstance(error, KeyboardInterrupt) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def is_collective_failure(error):
@@ -575,7 +706,7 @@ def is_collective_failure(error):
 def main(argv=None):
     opt = parse_opts(argv)
     try:
-        if opt.distributed and not du.launched_by_torchrun():
+        if opt.distributed and not du.launched_by_a_launcher():
             n = torch.cuda.device_count() if not opt.no_cuda else 0
             n = max(1, n)
             mp.spawn(worker, args=(opt, n), nprocs=n)
@@ -584,9 +715,8 @@ def main(argv=None):
     except USER_ERRORS as e:
         print(f'error: {e}', file=sys.stderr, flush=True)
         sys.exit(2)
-    except CollectiveFailure as e:
-        print(f'error: {e}', file=sys.stderr, flush=True)
-        sys.exit(1)
+    except mp.ProcessExitedException as e:  # the process said why
+        sys.exit(e.exit_code)
 
 
 if __name__ == '__main__':

@@ -10,7 +10,7 @@ from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchv
 from models.resnet import DepthError
 from opts import OptionError
 from utils.checkpoint import load_checkpoint, strip_module_prefix
-from utils.distributed import convert_sync_batchnorm, unwrap
+from utils.distributed import convert_sync_batchnorm, ddp_options, unwrap
 
 
 @dataclass(frozen=True)
@@ -198,5 +198,6 @@ def make_parallel(model, ctx, batchnorm_sync=False, channels_last=False):
         model = model.to(memory_format=torch.channels_last_3d)
     if ctx.distributed:
         device_ids = [ctx.local_rank] if ctx.device.type == 'cuda' else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                          **ddp_options(batchnorm_sync))
     return model

@@ -189,6 +189,15 @@ def build_parser():
     _add(g, '--on_bad_video', default='error', choices=['error', 'skip'],
          help='A video that fails to load during training: error (stop with its name) or skip '
               '(replace the sample, report the video once, count them per epoch)')
+    _add(g, '--checkpoint_steps', default=0, type=int,
+         help='Also save a mid-epoch checkpoint every N optimizer steps (save_<epoch>_<batch>.pth); '
+              'a resumed run continues with the next unseen batch')
+    _add(g, '--keep_last', default=0, type=int,
+         help='Keep only the K newest save_*.pth (0: all), and best.pth by validation video accuracy')
+    _add(g, '--requeue', action='store_true',
+         help='Under SLURM: after a stop signal and its checkpoint, requeue the job (scontrol requeue)')
+    _add(g, '--deterministic', action='store_true',
+         help='Deterministic kernels on GPUs (no cudnn.benchmark; slower): see README, what is exact where')
 
     g = p.add_argument_group('model')
     _add(g, '--model', default='resnet', type=str,
@@ -301,6 +310,8 @@ def _check(opt):
               f'if missing)')
     if opt.inference_n_clips < 0 or opt.ft_lr_ratio <= 0:
         _fail('--inference_n_clips must be at least 0 and --ft_lr_ratio positive')
+    if opt.checkpoint_steps < 0 or opt.keep_last < 0:
+        _fail('--checkpoint_steps and --keep_last must be 0 (off) or positive')
     _check_recipe(opt)
 
 

@@ -77,11 +77,10 @@ def clips_to_device(clips, device, channels_last=False, normalizer=None):
     """Clips to the device, asynchronously from pinned memory, as (N, C, T, H, W)
     float: uint8 (N, T, C, H, W) clips are normalized there by `normalizer`."""
     clips = clips.to(device, non_blocking=True)
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
     if normalizer is not None:
-        clips = normalizer(clips)
-    if channels_last:
-        clips = clips.contiguous(memory_format=torch.channels_last_3d)
-    return clips
+        return normalizer(clips, memory_format=layout)  # one copy, straight into the layout
+    return clips.contiguous(memory_format=layout)
 
 
 def autocast_context(device, enabled, dtype_name=None):
@@ -143,9 +142,14 @@ class BatchReport:
 @dataclass
 class EpochExtras:
     """What a step uses besides the optimizer: the EMA model (None: off) and the
-    numpy generator of the mixup/cutmix draws (seeded per rank and epoch)."""
+    numpy generator of the mixup/cutmix draws (seeded per rank and epoch); for
+    a mid-epoch resume the batches already done (the loader starts after
+    them); after_step(batches_done), called after each optimizer step but the
+    epoch's last, ends the epoch there by returning True (a stop signal)."""
     ema: object = None
     mix_rng: object = None
+    first_batch: int = 0
+    after_step: object = None
 
 
 def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ctx, config,
@@ -160,16 +164,17 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     extras = extras or EpochExtras()
     model.train()
     keep_frozen_eval(model, config.frozen_modules)
-    device, k, n_batches = ctx.device, config.accumulation_steps, len(loader)
+    device, k = ctx.device, config.accumulation_steps
+    first, n_batches = extras.first_batch, extras.first_batch + len(loader)
     normalizer = getattr(getattr(loader, 'dataset', None), 'device_normalizer', None)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, correct
     report = BatchReport(epoch, n_batches, ctx.world_size, config.log_interval, batch_logger,
                          print_lines=ctx.is_main and not config.progress_bar)
-    bar = tqdm(total=n_batches, desc=f'train {epoch}', dynamic_ncols=True, leave=False,
+    bar = tqdm(total=n_batches, initial=first, desc=f'train {epoch}', dynamic_ncols=True, leave=False,
                disable=not (ctx.is_main and config.progress_bar))
     wait, clips_seen, start, first_step_s = 0.0, 0, time.perf_counter(), 0.0
     batches = iter(loader)
-    for i in range(n_batches):
+    for i in range(first, n_batches):
         lr_now = optimizer.param_groups[0]['lr']  # the lr this step uses
         t0 = time.perf_counter()
         inputs, targets = next(batches)
@@ -190,7 +195,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
                 update_ema(extras.ema, model)
             if schedule is not None:
                 schedule.after_step()
-        if i == 0:
+        if i == first:
             first_step_s = time.perf_counter() - t0
         with torch.no_grad():
             n = batch.dominant.numel()
@@ -199,8 +204,11 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
             report.add(i, loss, correct, n, lr_now)
         clips_seen += n
         bar.update(1)
-        if report.due(i):
+        stop = sync_now and i < n_batches - 1 and extras.after_step is not None and extras.after_step(i + 1)
+        if report.due(i) or (stop and report.pending):
             report.flush(clips_seen, bar)
+        if stop:
+            break
     bar.close()
     stats = _epoch_stats(sums, clips_seen, wait, start, lr_now, ctx, epoch, tb_writer)
     return dict(stats, first_step_s=first_step_s)

@@ -11,10 +11,11 @@ temporary folder, kept when a check fails). Checks on one GPU: training with
 --amp in bf16 and fp16, --channels_last, normalisation on the device equal to
 the CPU's, GPU memory flat across epochs, a bf16 (or fp32) checkpoint resumed
 under fp16, torchrun with --distributed --batchnorm_sync --amp --inference
---auto_resume, an elastic restart, a stop signal mid-epoch, and the test
-suite. With two GPUs or more: SyncBatchNorm on 2 GPUs against 1 GPU on the
-global batch, NCCL validation against 1 process, how long the job takes to
-exit after one rank fails, and bench/ddp_scaling.py on the GPUs.
+--auto_resume, an elastic restart, a stop signal mid-epoch, two runs with
+--deterministic giving equal weights, and the test suite. With two GPUs or
+more: SyncBatchNorm on 2 GPUs against 1 GPU on the global batch, NCCL
+validation against 1 process, how long the job takes to exit after one rank
+fails, and bench/ddp_scaling.py on the GPUs.
 """
 import argparse
 import json
@@ -121,7 +122,8 @@ def capability():
 
 
 def needs_gpus(checker, n):
-    if checker.n_gpus < n:
+    """Skips unless n GPUs are visible; a CPU dry run uses n gloo processes."""
+    if not checker.cpu and checker.n_gpus < n:
         raise Skip(f'needs {n} GPU(s), {checker.n_gpus} visible')
 
 
@@ -251,26 +253,50 @@ def check_elastic_restart(checker):
 
 
 def check_stop_signal(checker):
-    """SIGTERM mid-epoch: a checkpoint, exit code 75, and the run continues."""
-    if not has_option('--checkpoint_steps'):
-        raise Skip('this version has no --checkpoint_steps')
+    """SIGTERM mid-epoch: a checkpoint, exit code 75, and the same command
+    continues from it."""
     from utils.preemption import EXIT_PREEMPTED
     result = checker.result_path('stop_signal')
     cmd = [sys.executable, MAIN, *checker.args(result, '--n_epochs', '2', '--auto_resume',
-                                                '--checkpoint_steps', '1')]
+                                                '--checkpoint_steps', '1', '--batch_size', '4')]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=checker.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
-    while not list(result.glob('save_*.pth')) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
+    while not (result / 'save_1_2.pth').exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise Failed(f'no mid-epoch checkpoint: {proc.communicate()[0][-400:]}')
+        time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     t0 = time.time()
     out = proc.communicate(timeout=120)[0]
+    stopped = time.time() - t0
     if proc.returncode != EXIT_PREEMPTED:
         raise Failed(f'exit {proc.returncode} (expected {EXIT_PREEMPTED}): {out[-400:]}')
-    stopped = time.time() - t0
-    out = ok(checker.main_py(result, '--n_epochs', '2', '--auto_resume'), 'resumed run')
-    return f'stopped {stopped:.1f} s after SIGTERM; resumed and finished'
+    out = ok(subprocess.run(cmd, cwd=ROOT, env=checker.env(), capture_output=True, text=True,
+                            timeout=300), 'resumed run')
+    if 'auto-resume from' not in out or not (result / 'save_2.pth').exists():
+        raise Failed(f'the resumed run did not finish: {out[-400:]}')
+    return f'exit {EXIT_PREEMPTED} {stopped:.1f} s after SIGTERM; resumed and finished'
+
+
+def max_weight_diff(a, b):
+    from utils.checkpoint import load_checkpoint
+    sa, sb = load_checkpoint(a)['state_dict'], load_checkpoint(b)['state_dict']
+    return max((sa[k].double() - sb[k].double()).abs().max().item() for k in sa)
+
+
+def check_deterministic_repeat(checker):
+    """Two identical 1-epoch runs: with --deterministic the weights must be
+    equal; without it, the difference is printed (a figure, not a failure)."""
+    diffs = {}
+    for flag in ([], ['--deterministic']):
+        runs = [checker.result_path('repeat') for _ in range(2)]
+        for result in runs:
+            ok(checker.main_py(result, '--n_epochs', '1', '--no_val', *flag), 'training')
+        diffs[bool(flag)] = max_weight_diff(runs[0] / 'save_1.pth', runs[1] / 'save_1.pth')
+    if diffs[True] != 0:
+        raise Failed(f'--deterministic runs differ by up to {diffs[True]:.3g}')
+    return f'max weight difference of two runs: {diffs[False]:.3g} by default, 0 with --deterministic'
 
 
 def check_test_suite(checker):
@@ -293,9 +319,7 @@ def last_validation(out):
 def check_syncbn_2_vs_1(checker):
     """One epoch on the same global batch: 2 GPUs with SyncBatchNorm against 1."""
     needs_gpus(checker, 2)
-    extra = ['--n_epochs', '1', '--batchnorm_sync', '--no_val']
-    if has_option('--deterministic'):
-        extra.append('--deterministic')
+    extra = ['--n_epochs', '1', '--batchnorm_sync', '--no_val', '--deterministic']
     one, two = checker.result_path('sync_1'), checker.result_path('sync_2')
     ok(checker.torchrun(1, one, *extra), '1 GPU')
     ok(checker.torchrun(2, two, *extra), '2 GPUs')
@@ -326,9 +350,12 @@ def check_exit_after_rank_failure(checker):
     data = checker.work / 'data_corrupt'
     if not data.exists():
         shutil.copytree(checker.data, data)
-    frames = sorted(p for p in data.rglob('*.jpg') if 'move_left' in str(p))
-    for frame in frames[:48]:  # a few whole videos
-        frame.write_bytes(b'not a jpeg')
+        from datasets.synthetic import ANNOTATION_NAME
+        annotation = json.loads((data / ANNOTATION_NAME).read_text())
+        video, entry = next((k, v) for k, v in annotation['database'].items()
+                            if v['subset'] == 'training')
+        for frame in (data / 'jpg' / entry['annotations']['label'] / video).glob('*.jpg'):
+            frame.write_bytes(b'not a jpeg')  # one training video: one rank fails
     result = checker.result_path('rank_failure')
     args = [a if a != str(checker.data) else str(data) for a in
             checker.args(result, '--n_epochs', '1')]
@@ -345,8 +372,9 @@ def check_exit_after_rank_failure(checker):
 
 def check_ddp_scaling(checker):
     needs_gpus(checker, 2)
-    n = min(checker.n_gpus, 8)
-    proc = subprocess.run([sys.executable, '-m', 'bench.ddp_scaling', '--device', 'cuda',
+    n = 2 if checker.cpu else min(checker.n_gpus, 8)
+    proc = subprocess.run([sys.executable, '-m', 'bench.ddp_scaling', '--device',
+                           'cpu' if checker.cpu else 'cuda',
                            '--nprocs', '1', str(n), '--global_batch', str(8 * n),
                            '--model_depth', '18', '--sample_size', '112',
                            '--sample_duration', '16', '--steps', '10'],
@@ -366,6 +394,7 @@ CHECKS = {
     'torchrun_1_process': check_torchrun_one_process,
     'elastic_restart': check_elastic_restart,
     'stop_signal': check_stop_signal,
+    'deterministic_repeat': check_deterministic_repeat,
     'syncbn_2_vs_1': check_syncbn_2_vs_1,
     'nccl_validation': check_nccl_validation,
     'exit_after_rank_failure': check_exit_after_rank_failure,

@@ -71,13 +71,14 @@ class NormalizeToInput:
         self._bias = (mean / std).float()
         self._on_device = {}  # device -> (gain, bias), copied once, not per batch
 
-    def __call__(self, clip: torch.Tensor) -> torch.Tensor:
-        """(..., T, C, H, W) uint8 -> (..., C, T, H, W) float32, contiguous."""
+    def __call__(self, clip: torch.Tensor, memory_format=torch.contiguous_format) -> torch.Tensor:
+        """(..., T, C, H, W) uint8 -> (..., C, T, H, W) float32, contiguous (or,
+        for batches, in `memory_format`: channels_last_3d with --channels_last)."""
         clip = clip.as_subclass(torch.Tensor)
         c = clip.shape[-3]
         if c > self._gain.numel():
             raise ValueError(f'clip has {c} channels but mean/std have {self._gain.numel()}')
-        x = clip.movedim(-3, -4).to(torch.float32, memory_format=torch.contiguous_format)
+        x = clip.movedim(-3, -4).to(torch.float32, memory_format=memory_format)
         shape = (c, 1, 1, 1)
         gain, bias = self._constants(x.device)
         return x.mul_(gain[:c].view(shape)).sub_(bias[:c].view(shape))

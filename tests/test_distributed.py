@@ -305,18 +305,20 @@ def test_restart_prefix_only_where_one_agent_holds_every_rank(local_world, prefi
     """Each node's agent counts its own restarts: on two nodes their counts
     differ, so the prefix would split the ranks (the two-agent test in
     test_torchrun.py shows the job then recovers)."""
-    launch = du.LaunchEnv(0, 2, 0, '127.0.0.1', du.free_port())
-    env = {'LOCAL_WORLD_SIZE': local_world, 'TORCHELASTIC_RESTART_COUNT': '1'}
+    agent_store = torch.distributed.TCPStore('127.0.0.1', 0, is_master=True,
+                                             wait_for_workers=False)  # torchrun's
+    launch = du.LaunchEnv(0, 2, 0, '127.0.0.1', agent_store.port)
+    env = {'LOCAL_WORLD_SIZE': local_world, 'TORCHELASTIC_RESTART_COUNT': '1',
+           'TORCHELASTIC_USE_AGENT_STORE': 'True'}
     store = du._launcher_store(launch, env)
     assert isinstance(store, torch.distributed.PrefixStore) == prefixed
     store.set('k', 'v')
-    plain = torch.distributed.TCPStore('127.0.0.1', launch.master_port, is_master=False)
-    assert plain.check(['resnets3d/attempt_1/k' if prefixed else 'k'])
+    assert agent_store.check(['resnets3d/attempt_1/k' if prefixed else 'k'])
 
 
 def test_ddp_options_under_synchronised_batchnorm():
-    assert du.ddp_options(True) == dict(broadcast_buffers=False, gradient_as_bucket_view=True)
-    assert du.ddp_options(False)['broadcast_buffers'] is True
+    assert du.ddp_options(True) == dict(forward_sync_buffers=False, gradient_as_bucket_view=True)
+    assert du.ddp_options(False)['forward_sync_buffers'] is True
 
 
 @pytest.mark.parametrize('capability, dtype', [((7, 0), torch.float16), ((7, 5), torch.float16),
@@ -341,3 +343,17 @@ def test_gpu_marked_tests_see_the_gpu():
     assert torch.cuda.device_count() >= 1
     assert amp_dtype(torch.device('cuda', 0)) == (
         torch.bfloat16 if torch.cuda.get_device_capability(0) >= (8, 0) else torch.float16)
+
+
+def test_channels_last_clips_are_normalized_straight_into_that_layout():
+    from datasets.spatial_transforms import NormalizeToInput
+    from training import clips_to_device
+    norm = NormalizeToInput([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])
+    clips = torch.randint(0, 256, (2, 8, 3, 16, 16), dtype=torch.uint8)
+    plain = clips_to_device(clips, torch.device('cpu'), False, norm)
+    last = clips_to_device(clips, torch.device('cpu'), True, norm)
+    assert plain.is_contiguous() and last.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(plain, last)
+    # One float copy: the normalizer's output is the tensor handed on.
+    out = norm(clips, memory_format=torch.channels_last_3d)
+    assert out.is_contiguous(memory_format=torch.channels_last_3d) and torch.equal(out, plain)

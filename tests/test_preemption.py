@@ -2,12 +2,21 @@
 import os
 import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
+import main
+from tests.conftest import tiny_args
 from tests.dist_helpers import run_ranks
+from utils.checkpoint import load_checkpoint
 from utils.distributed import DistContext
-from utils.preemption import StopRequest, agree_to_stop, requeue_slurm_job
+from utils.logs import read_tsv
+from utils.preemption import EXIT_PREEMPTED, StopRequest, agree_to_stop, requeue_slurm_job
+from utils.retention import checkpoint_name
 
 
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
@@ -69,3 +78,85 @@ def test_requeue_reports_failures_in_one_line():
     assert requeue_slurm_job({'SLURM_JOB_ID': '7'}, refused) == \
         '--requeue: scontrol requeue 7 failed: Requested operation is disabled'
     assert 'scontrol requeue 7 failed' in requeue_slurm_job({'SLURM_JOB_ID': '7'}, missing)
+
+
+# --- end to end: a stopped run resumes to the uninterrupted run's weights
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra):
+    e = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **extra)
+    e['PYTHONPATH'] = str(ROOT) + os.pathsep + e.get('PYTHONPATH', '')
+    for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'SLURM_JOB_ID'):
+        e.pop(key, None)
+    return e
+
+
+def _weights(path):
+    return load_checkpoint(path)['state_dict']
+
+
+def _stop_mid_epoch(cmd, result, sig, env, epoch=1):
+    """Starts cmd, sends `sig` once the first mid-epoch checkpoint of `epoch`
+    exists, returns (exit code, output)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while not (result / checkpoint_name(epoch, 2)).exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    return proc.wait(timeout=180), proc.stdout.read()
+
+
+def test_sigterm_mid_epoch_then_resume_gives_the_uninterrupted_weights(tiny_synthetic, tmp_path):
+    # 24 training videos in batches of 4: 6 steps an epoch. Loader workers on,
+    # so the per-sample augmentation seeds are what makes the resume exact.
+    common = ['--batch_size', '4', '--n_threads', '1', '--train_crop', 'random',
+              '--colorjitter', '--lr_scheduler', 'cosine', '--n_epochs', '2', '--no_val']
+    whole = tmp_path / 'whole'
+    main.main(tiny_args(*tiny_synthetic, whole, *common))
+
+    stopped = tmp_path / 'stopped'
+    args = tiny_args(*tiny_synthetic, stopped, *common, '--checkpoint_steps', '2',
+                     '--auto_resume')
+    code, out = _stop_mid_epoch([sys.executable, str(ROOT / 'main.py'), *args], stopped,
+                                signal.SIGTERM, _env())
+    assert code == EXIT_PREEMPTED, out[-3000:]
+    assert 'stopped by SIGTERM' in out and 'with --auto_resume to continue' in out
+    saved = sorted(p.name for p in stopped.glob('save_*.pth'))
+    assert not (stopped / 'save_2.pth').exists() and saved, saved
+    main.main(args)  # the same command again
+    final = _weights(stopped / 'save_2.pth')
+    expected = _weights(whole / 'save_2.pth')
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    # Every step ran once: the resumed epoch went on with the next unseen batch.
+    steps = [(r['epoch'], r['batch']) for r in read_tsv(stopped / 'train_batch.log')]
+    assert steps == [(str(e), str(b)) for e in (1, 2) for b in range(1, 7)]
+
+
+def test_a_resumed_mid_epoch_checkpoint_skips_exactly_the_batches_it_covers(tiny_synthetic,
+                                                                           tmp_path, capsys):
+    """Resuming from each mid-epoch checkpoint of one run ends with that run's weights."""
+    common = ['--batch_size', '4', '--n_threads', '0', '--train_crop', 'random',
+              '--n_epochs', '1', '--no_val', '--lr_scheduler', 'cosine']
+    whole = tmp_path / 'whole'
+    main.main(tiny_args(*tiny_synthetic, whole, *common, '--checkpoint_steps', '1'))
+    expected = _weights(whole / 'save_1.pth')
+    ckpt = load_checkpoint(whole / checkpoint_name(1, 3))
+    assert ckpt['epoch'] == 0 and ckpt['batches_done'] == 3
+    resumed = tmp_path / 'resumed'
+    main.main(tiny_args(*tiny_synthetic, resumed, *common, '--resume_path',
+                        str(whole / checkpoint_name(1, 3))))
+    final = _weights(resumed / 'save_1.pth')
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    assert [r['batch'] for r in read_tsv(resumed / 'train_batch.log')] == ['4', '5', '6']
+    # With a larger batch the epoch has 3 batches: the checkpoint's place in it is gone.
+    other = [a if a != '4' else '8' for a in common]
+    with pytest.raises(SystemExit) as stop:
+        main.main(tiny_args(*tiny_synthetic, tmp_path / 'other', *other, '--resume_path',
+                            str(whole / checkpoint_name(1, 3))))
+    assert stop.value.code == 2
+    assert 'resume with the --batch_size and number of processes' in capsys.readouterr().err

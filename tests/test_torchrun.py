@@ -193,3 +193,102 @@ def test_two_agent_elastic_restart_recovers(tiny_synthetic, tmp_path, share_stor
     assert load_checkpoint(result / f'save_{n_epochs}.pth')['epoch'] == n_epochs
     epochs = [int(r['epoch']) for r in read_tsv(result / 'train.log')]
     assert set(epochs) == set(range(1, n_epochs + 1)) and len(epochs) < 2 * n_epochs
+
+
+def _free_port_in(low, high):
+    """A free port in [low, high): SLURM-style runs derive theirs from the job id."""
+    import random
+    import socket
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError('no free port')
+
+
+def test_srun_style_start_trains_the_same_job_as_torchrun(tiny_synthetic, tmp_path):
+    """`srun python main.py --distributed` without torchrun: rank, world size,
+    local rank and the master address come from SLURM's variables (faked here
+    for two CPU processes); the job is the one torchrun trains, weight for weight."""
+    args = ['--distributed', '--n_epochs', '1', '--n_threads', '0', '--no_val']
+    via_torchrun = tmp_path / 'torchrun'
+    check_run(torchrun('--nproc_per_node=2', f'--master_port={free_port()}', MAIN)
+              + tiny_args(*tiny_synthetic, via_torchrun, *args))
+    via_srun = tmp_path / 'srun'
+    job_id = _free_port_in(20000, 40000) - 20000  # the port main.py derives: 20000 + id
+    procs = []
+    for rank in (0, 1):
+        e = env()
+        e.update(SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                 SLURM_STEP_NUM_TASKS='2', SLURM_NTASKS='2', SLURM_STEP_NODELIST='127.0.0.1',
+                 SLURM_JOB_NODELIST='127.0.0.1')
+        for key in ('MASTER_ADDR', 'MASTER_PORT', 'LOCAL_RANK'):
+            e.pop(key, None)
+        procs.append(subprocess.Popen([sys.executable, MAIN] + tiny_args(*tiny_synthetic, via_srun, *args),
+                                      cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+    assert '2 process(es)' in outs[0] and outs[1].count('epoch 1/1 train') == 0
+    a = load_checkpoint(via_srun / 'save_1.pth')['state_dict']
+    b = load_checkpoint(via_torchrun / 'save_1.pth')['state_dict']
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def _fake_slurm_bin(tmp_path):
+    """srun that runs its command once (one node), scontrol that knows the
+    node list and records requeue requests."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'srun').write_text(
+        '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+        'export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_STEP_NUM_TASKS=1\nexec "$@"\n')
+    (bin_dir / 'scontrol').write_text(
+        '#!/bin/bash\nif [ "$1" = show ]; then echo 127.0.0.1; '
+        f'else echo "$@" >> {tmp_path}/scontrol.calls; fi\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir
+
+
+def test_sbatch_script_trains_stops_on_sigusr1_requeues_and_resumes(tiny_synthetic, tmp_path):
+    """scripts/slurm/train.sbatch under a fake srun/scontrol, 2 CPU processes:
+    SIGUSR1 (SLURM's warning before the time limit) reaches the workers through
+    torchrun; they checkpoint mid-epoch and exit 75, rank 0 requeues the job,
+    and the requeued script continues from the checkpoint."""
+    result = tmp_path / 'r'
+    e = env()
+    e.update(PATH=f'{_fake_slurm_bin(tmp_path)}{os.pathsep}{Path(sys.executable).parent}'
+                  f'{os.pathsep}{e["PATH"]}',
+             SLURM_JOB_ID=str(_free_port_in(20000, 40000) - 20000), SLURM_NNODES='1',
+             SLURM_JOB_NODELIST='127.0.0.1', GPUS_PER_NODE='2', OMP_NUM_THREADS='1')
+    cmd = ['bash', str(ROOT / 'scripts/slurm/train.sbatch')] + tiny_args(
+        *tiny_synthetic, result, '--n_epochs', '2', '--batch_size', '4', '--n_threads', '0',
+        '--no_val', '--checkpoint_steps', '1')
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not (result / 'save_1_2.pth').exists():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGUSR1)  # the torchrun agent: the script exec'd it
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        for pid in _worker_pids(proc.pid) + [proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert 'stopped by SIGUSR1' in out, out[-3000:]
+    assert (tmp_path / 'scontrol.calls').read_text().split() == ['requeue', e['SLURM_JOB_ID']]
+    assert not (result / 'save_2.pth').exists()
+    out = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert 'auto-resume from' in out.stdout + out.stderr
+    batches = [(r['epoch'], r['batch']) for r in read_tsv(result / 'train_batch.log')]
+    assert batches == [(str(ep), str(b)) for ep in (1, 2) for b in range(1, 7)]

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-CHECKPOINT_RE = re.compile(r'^save_(\d+)\.pth$')
+from utils.retention import checkpoint_progress, checkpoints_newest_first
+
 # save_checkpoint_atomic's temporaries: '.' + target name + mkstemp's random part + '.tmp'.
 TEMPORARY_RE = re.compile(r'^\.save_[^/]*\.pth\.[A-Za-z0-9_]+\.tmp$')
 
@@ -125,29 +126,22 @@ def remove_stale_temporaries(result_path):
 
 
 def list_checkpoints(result_path):
-    """save_<epoch>.pth files of result_path as sorted (epoch, path) pairs."""
+    """save_<epoch>.pth and mid-epoch save_<epoch>_<batch>.pth files of
+    result_path as (completed epochs, path) pairs, oldest first."""
     result_path = Path(result_path)
     if not result_path.is_dir():
         return []
-    found = []
-    for p in result_path.iterdir():
-        m = CHECKPOINT_RE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    return [(checkpoint_progress(p.name)[0], p)
+            for p in reversed(checkpoints_newest_first(result_path))]
 
 
 def find_latest_checkpoint(result_path):
-    """The newest save_<epoch>.pth in result_path that loads, or None."""
+    """The newest checkpoint in result_path that loads (mid-epoch ones
+    included), or None."""
     result_path = Path(result_path)
     if not result_path.is_dir():
         return None
-    found = []
-    for p in result_path.iterdir():
-        m = CHECKPOINT_RE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    for _, p in sorted(found, reverse=True):
+    for p in checkpoints_newest_first(result_path):  # mid-epoch ones too
         try:
             ckpt = load_checkpoint(p)
             if 'state_dict' in ckpt and 'epoch' in ckpt:

@@ -242,9 +242,10 @@ def broadcast_object(obj, ctx):
 def ddp_options(batchnorm_sync):
     """DistributedDataParallel keyword arguments. Synchronised BatchNorm keeps
     the running statistics equal on every rank, so rank 0's need not be
-    broadcast before each forward; gradients as views of the all-reduce
-    buckets save one copy and the memory of a second set of gradients."""
-    return dict(broadcast_buffers=not batchnorm_sync, gradient_as_bucket_view=True)
+    broadcast before each forward (they still are once, at wrapping);
+    gradients as views of the all-reduce buckets save a copy and the memory
+    of a second set of gradients."""
+    return {'forward_sync_buffers': not batchnorm_sync, 'gradient_as_bucket_view': True}
 
 
 class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):

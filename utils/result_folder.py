@@ -87,7 +87,7 @@ def _read_owner(fd):
 
 # Files a run writes into its result folder; --overwrite deletes exactly these.
 RUN_FILES = ('opts.json', 'train.log', 'train_batch.log', 'val.log', 'train.json', 'val.json',
-             'test.json')
+             'test.json', 'best.pth', 'best.json')
 
 
 def check_writable(result_path):

@@ -18,6 +18,7 @@ class RunRecord:
     annotation_path: Path | None
     resume_path: Path | None  # --resume_path, or the checkpoint --auto_resume found
     begin_epoch: int = 1
+    begin_batch: int = 0  # batches of begin_epoch a mid-epoch checkpoint covers
     n_parameters: int = 0
     gflops_per_clip: float = 0.0
     frozen_modules: tuple[str, ...] = ()

@@ -1,0 +1,54 @@
+"""Checkpoint order, --keep_last and best.pth."""
+import json
+
+import torch
+
+import main
+from tests.conftest import tiny_args
+from utils.checkpoint import find_latest_checkpoint, load_checkpoint
+from utils.logs import read_tsv
+from utils.retention import checkpoint_name, checkpoint_progress, prune_checkpoints
+
+
+def test_names_and_their_order():
+    assert checkpoint_name(3) == 'save_3.pth' and checkpoint_name(4, 20) == 'save_4_20.pth'
+    assert checkpoint_progress('save_3.pth') == (3, 0)
+    assert checkpoint_progress('save_4_20.pth') == (3, 20)  # 3 epochs and 20 batches done
+    assert checkpoint_progress('best.pth') is None
+    assert checkpoint_progress('.save_5.pth.abc.tmp') is None  # being written
+    names = ['save_4_20.pth', 'save_10.pth', 'save_3.pth', 'save_4_5.pth', 'save_4.pth']
+    assert sorted(names, key=checkpoint_progress) == \
+        ['save_3.pth', 'save_4_5.pth', 'save_4_20.pth', 'save_4.pth', 'save_10.pth']
+
+
+def _touch_checkpoints(folder, names):
+    for name in names:
+        torch.save({'epoch': 0, 'state_dict': {}}, folder / name)
+
+
+def test_keep_last_deletes_the_oldest_only(tmp_path):
+    _touch_checkpoints(tmp_path, ['save_1.pth', 'save_2_3.pth', 'save_2.pth', 'save_3_1.pth',
+                                  'best.pth', '.save_3.pth.x.tmp'])
+    deleted = prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in deleted) == ['save_1.pth', 'save_2_3.pth']
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ['.save_3.pth.x.tmp', 'best.pth', 'save_2.pth', 'save_3_1.pth']
+    assert prune_checkpoints(tmp_path, 0) == []  # 0 keeps everything
+
+
+def test_auto_resume_picks_the_newest_including_mid_epoch(tmp_path):
+    _touch_checkpoints(tmp_path, ['save_2.pth', 'save_3_4.pth', 'save_3_10.pth'])
+    assert find_latest_checkpoint(tmp_path).name == 'save_3_10.pth'
+
+
+def test_keep_last_and_best_in_a_run(tiny_synthetic, tmp_path):
+    result = tmp_path / 'r'
+    main.main(tiny_args(*tiny_synthetic, result, '--n_epochs', '4', '--checkpoint', '1',
+                        '--keep_last', '2', '--learning_rate', '0.05'))
+    assert sorted(p.name for p in result.glob('save_*.pth')) == ['save_3.pth', 'save_4.pth']
+    accs = [float(r['acc']) for r in read_tsv(result / 'val.log')]
+    assert len(set(accs)) > 1  # the choice means something
+    best_epoch = accs.index(max(accs)) + 1  # the first epoch with the highest accuracy
+    best = json.loads((result / 'best.json').read_text())
+    assert best['epoch'] == best_epoch and abs(best['val_video_acc'] - max(accs)) < 1e-6  # log: 6 digits
+    assert load_checkpoint(result / 'best.pth')['epoch'] == best_epoch

@@ -1,0 +1,68 @@
+"""Checkpoint names, their order, and which ones are kept (--keep_last, best.pth).
+
+save_<epoch>.pth is written after epoch <epoch> (3D-ResNets-PyTorch's name);
+save_<epoch>_<batch>.pth inside epoch <epoch>, after <batch> of its batches
+(--checkpoint_steps, or a stop signal). A checkpoint being written is a
+hidden temporary file until it is complete, so it is never a candidate here.
+"""
+import json
+import re
+from pathlib import Path
+
+CHECKPOINT_NAME = re.compile(r'^save_(\d+)(?:_(\d+))?\.pth$')
+BEST = 'best.pth'
+
+
+def checkpoint_name(epoch, batches_done=0):
+    """The file for a checkpoint after `batches_done` batches of `epoch` (0: the
+    whole epoch)."""
+    return f'save_{epoch}.pth' if batches_done == 0 else f'save_{epoch}_{batches_done}.pth'
+
+
+def checkpoint_progress(name):
+    """(completed epochs, batches done in the next epoch) for a checkpoint
+    file name, None for any other file: sorts checkpoints oldest first."""
+    m = CHECKPOINT_NAME.match(name)
+    if m is None:
+        return None
+    epoch = int(m.group(1))
+    return (epoch, 0) if m.group(2) is None else (epoch - 1, int(m.group(2)))
+
+
+def checkpoints_newest_first(result_path):
+    found = [(checkpoint_progress(p.name), p) for p in Path(result_path).iterdir()]
+    return [p for progress, p in sorted((f for f in found if f[0] is not None), reverse=True)]
+
+
+def prune_checkpoints(result_path, keep_last):
+    """Deletes all but the keep_last newest save_*.pth (0: keeps all); best.pth
+    is not one of them. Returns the deleted paths."""
+    if keep_last <= 0:
+        return []
+    old = checkpoints_newest_first(result_path)[keep_last:]
+    for path in old:
+        path.unlink(missing_ok=True)
+    return old
+
+
+class BestTracker:
+    """best.pth: the checkpoint of the epoch with the highest validation video
+    accuracy so far (ties keep the earlier epoch); best.json records it, and
+    lets a resumed run continue the comparison."""
+
+    def __init__(self, result_path):
+        self.record = Path(result_path) / 'best.json'
+        self.path = Path(result_path) / BEST
+        self.best = None
+        if self.record.is_file() and self.path.is_file():
+            self.best = json.loads(self.record.read_text())['val_video_acc']
+
+    def improves(self, video_acc):
+        return self.best is None or video_acc > self.best
+
+    def saved(self, epoch, video_acc):
+        """Call after best.pth was written for `epoch`."""
+        self.best = video_acc
+        tmp = self.record.with_suffix('.json.tmp')
+        tmp.write_text(json.dumps({'epoch': epoch, 'val_video_acc': video_acc}))
+        tmp.replace(self.record)
