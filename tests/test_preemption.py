@@ -137,21 +137,30 @@ def test_sigterm_mid_epoch_then_resume_gives_the_uninterrupted_weights(tiny_synt
     assert steps == [(str(e), str(b)) for e in (1, 2) for b in range(1, 7)]
 
 
+RECIPE = ['--mixup_alpha', '0.4', '--cutmix_alpha', '1.0', '--ema_decay', '0.9',
+          '--precise_bn', '2', '--label_smoothing', '0.1']
+
+
+@pytest.mark.parametrize('recipe', [[], RECIPE], ids=['plain', 'mix_ema_precise_bn'])
 def test_a_resumed_mid_epoch_checkpoint_skips_exactly_the_batches_it_covers(tiny_synthetic,
-                                                                           tmp_path, capsys):
-    """Resuming from each mid-epoch checkpoint of one run ends with that run's weights."""
+                                                                           tmp_path, capsys, recipe):
+    """Resuming from a mid-epoch checkpoint of a run ends with that run's weights
+    (and EMA weights: mixup draws, EMA and precise BN resume too)."""
     common = ['--batch_size', '4', '--n_threads', '0', '--train_crop', 'random',
-              '--n_epochs', '1', '--no_val', '--lr_scheduler', 'cosine']
+              '--n_epochs', '1', '--no_val', '--lr_scheduler', 'cosine', *recipe]
     whole = tmp_path / 'whole'
     main.main(tiny_args(*tiny_synthetic, whole, *common, '--checkpoint_steps', '1'))
-    expected = _weights(whole / 'save_1.pth')
+    expected = load_checkpoint(whole / 'save_1.pth')
     ckpt = load_checkpoint(whole / checkpoint_name(1, 3))
     assert ckpt['epoch'] == 0 and ckpt['batches_done'] == 3
     resumed = tmp_path / 'resumed'
     main.main(tiny_args(*tiny_synthetic, resumed, *common, '--resume_path',
                         str(whole / checkpoint_name(1, 3))))
-    final = _weights(resumed / 'save_1.pth')
-    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    final = load_checkpoint(resumed / 'save_1.pth')
+    for key in ['state_dict'] + (['ema_state_dict'] if recipe else []):
+        assert all(torch.equal(final[key][k], expected[key][k]) for k in expected[key]), key
+    if recipe:
+        return
     assert [r['batch'] for r in read_tsv(resumed / 'train_batch.log')] == ['4', '5', '6']
     # With a larger batch the epoch has 3 batches: the checkpoint's place in it is gone.
     other = [a if a != '4' else '8' for a in common]
