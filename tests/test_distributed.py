@@ -316,6 +316,18 @@ def test_restart_prefix_only_where_one_agent_holds_every_rank(local_world, prefi
     assert agent_store.check(['resnets3d/attempt_1/k' if prefixed else 'k'])
 
 
+def test_multi_node_restarts_with_a_shared_store_are_warned_about():
+    shared = {'TORCHELASTIC_USE_AGENT_STORE': 'True', 'TORCHELASTIC_MAX_RESTARTS': '3'}
+    assert 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1' in du.multi_node_store_warning(
+        dict(shared, LOCAL_WORLD_SIZE='8'), 16)
+    assert du.multi_node_store_warning(dict(shared, LOCAL_WORLD_SIZE='16'), 16) is None  # one node
+    assert du.multi_node_store_warning(dict(shared, LOCAL_WORLD_SIZE='8',
+                                            TORCHELASTIC_MAX_RESTARTS='0'), 16) is None
+    assert du.multi_node_store_warning({'TORCHELASTIC_USE_AGENT_STORE': 'False',
+                                        'TORCHELASTIC_MAX_RESTARTS': '3',
+                                        'LOCAL_WORLD_SIZE': '8'}, 16) is None  # fresh store
+
+
 def test_ddp_options_under_synchronised_batchnorm():
     assert du.ddp_options(True) == dict(forward_sync_buffers=False, gradient_as_bucket_view=True)
     assert du.ddp_options(False)['forward_sync_buffers'] is True

@@ -106,8 +106,8 @@ def read_launch_env(environ, cli_local_rank=None, device_count=0):
         rank, world_size = int(environ['SLURM_PROCID']), int(environ['SLURM_STEP_NUM_TASKS'])
     else:
         raise LaunchError('--distributed needs a launcher environment (RANK and WORLD_SIZE '
-                           'from torchrun, or an srun job step); run under torchrun or srun, '
-                           'or let main.py spawn processes')
+                          'from torchrun, or an srun job step); run under torchrun or srun, '
+                          'or let main.py spawn processes')
     nodes = environ.get('SLURM_STEP_NODELIST') or environ.get('SLURM_JOB_NODELIST', '')
     addr = environ.get('MASTER_ADDR') or (first_host(nodes) if nodes else '127.0.0.1')
     # Every task of a job derives the same port from the job id.
@@ -121,8 +121,8 @@ def select_device(no_cuda, local_rank):
         n = torch.cuda.device_count()
         if local_rank >= n:
             raise LaunchError(f'local rank {local_rank} but only {n} GPU(s) are visible '
-                               f'(CUDA_VISIBLE_DEVICES={os.environ.get("CUDA_VISIBLE_DEVICES")}): '
-                               f'start at most {n} processes per node')
+                              f'(CUDA_VISIBLE_DEVICES={os.environ.get("CUDA_VISIBLE_DEVICES")}): '
+                              f'start at most {n} processes per node')
         torch.cuda.set_device(local_rank)
         return torch.device('cuda', local_rank)
     return torch.device('cpu')
@@ -143,9 +143,9 @@ def _launcher_store(launch, environ=os.environ):
     a fresh store: after a restart the new ranks would read the dead ranks'
     addresses. TORCHELASTIC_RESTART_COUNT names the attempt only when one agent
     holds every rank: each node's agent counts its own restarts, and a restart
-    caused by another node is a membership change, not counted. Multi-node
-    elastic jobs get a fresh store per round with
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see README, Running on a cluster).
+    caused by another node is a membership change, not counted. Several nodes
+    need a fresh store per round instead: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    (multi_node_store_warning).
     """
     agent_store = environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
     store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size,
@@ -157,10 +157,23 @@ def _launcher_store(launch, environ=os.environ):
     return dist.PrefixStore(f'resnets3d/attempt_{attempt}', store)
 
 
+def multi_node_store_warning(environ, world_size):
+    """A line for rank 0 when several torchrun agents share their store across
+    restarts: a restarted round can then read the dead round's addresses (seen
+    as 'Connection refused' on loopback), and no key prefix can tell the rounds
+    apart on every node. None when restarts are safe."""
+    if environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True' or \
+            one_agent_holds_all_ranks(environ, world_size) or \
+            int(environ.get('TORCHELASTIC_MAX_RESTARTS', 0)) == 0:
+        return None
+    return ('warning: torchrun restarts on several nodes need a fresh store per round: '
+            'export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (README, Running on a cluster)')
+
+
 def check_backend(backend, device):
     if backend == 'nccl' and device.type != 'cuda':
         raise LaunchError('--dist_backend nccl needs GPUs: drop --no_cuda, or use '
-                           '--dist_backend gloo to run on CPU')
+                          '--dist_backend gloo to run on CPU')
 
 
 def init_distributed(opt, local_rank=None, rank=None, world_size=None):
@@ -190,6 +203,9 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
     dist.init_process_group(**kwargs)
     cpu_group = dist.new_group(backend='gloo', timeout=kwargs['timeout']) \
         if backend == 'nccl' else None
+    warning = multi_node_store_warning(os.environ, world_size) if launch else None
+    if warning and rank == 0:
+        print(warning, flush=True)
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size,
                        device=device, distributed=True, cpu_group=cpu_group)
 
