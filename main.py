@@ -53,13 +53,13 @@ from utils.logs import TsvLogger, truncate_log
 from utils.lr_schedule import LRSchedule, ScheduleConfig, steps_per_epoch
 from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.mix import MixConfig
+from utils.preemption import EXIT_PREEMPTED, Preempted, StopRequest, agree_to_stop, requeue_slurm_job
 from utils.result_folder import (
     ResultFolderError,
     ResultFolderLock,
     check_writable,
     refuse_or_clear_other_run,
 )
-from utils.preemption import EXIT_PREEMPTED, Preempted, StopRequest, agree_to_stop, requeue_slurm_job
 from utils.resumable_data import start_epoch
 from utils.retention import BestTracker, checkpoint_name, prune_checkpoints
 from utils.run_record import RunRecord
