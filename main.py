@@ -98,7 +98,7 @@ def run_stages(opt, ctx):
     if opt.compile:
         model = torch.compile(model)  # around DDP: its optimizer splits graphs at buckets
     config = loop_config(opt, record)
-    with tensorboard_writer(opt, ctx) as tb_writer:
+    with tensorboard_writer(opt, ctx, record) as tb_writer:
         val_loader = data.make_val_loader(datasets.val, opt, ctx) if datasets.val is not None else None
         if datasets.train is not None:
             ema = fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_writer)
@@ -638,13 +638,15 @@ def report_inference(opt, record, result_file):
           flush=True)
 
 
-def tensorboard_writer(opt, ctx):
+def tensorboard_writer(opt, ctx, record):
     """A SummaryWriter on rank 0 with --tensorboard (closed when the run ends or
-    fails), else None."""
+    fails), else None. A resumed run purges the events of the epochs it redoes
+    (every tag is logged per epoch), as the text logs are cut back."""
     if not (opt.tensorboard and ctx.is_main):
         return contextlib.nullcontext(None)
     from torch.utils.tensorboard import SummaryWriter
-    return SummaryWriter(log_dir=str(opt.result_path))
+    purge_step = record.begin_epoch if record.resume_path is not None else None
+    return SummaryWriter(log_dir=str(opt.result_path), purge_step=purge_step)
 
 
 # ----------------------------------------------------------------------------- processes

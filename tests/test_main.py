@@ -54,6 +54,16 @@ def _tb_scalars(result):
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
 
 
+def test_resumed_tensorboard_has_each_epoch_once(tiny_synthetic, tmp_path):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--checkpoint', '1', '--tensorboard', '--no_val')
+    before = _tb_scalars(tmp_path)['train/loss']
+    run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--checkpoint', '1', '--tensorboard', '--no_val',
+        '--resume_path', str(tmp_path / 'save_1.pth'))
+    after = _tb_scalars(tmp_path)['train/loss']
+    assert len(after) == 3  # epochs 2 and 3 replaced, not appended
+    assert after == pytest.approx(before)  # and the resumed run is exact
+
+
 def test_tensorboard_records_real_lr(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--tensorboard', '--no_val',
         '--multistep_milestones', '1')
