@@ -115,19 +115,23 @@ def test_sigterm_mid_epoch_then_resume_gives_the_uninterrupted_weights(tiny_synt
     # so the per-sample augmentation seeds are what makes the resume exact.
     common = ['--batch_size', '4', '--n_threads', '1', '--train_crop', 'random',
               '--colorjitter', '--lr_scheduler', 'cosine', '--n_epochs', '2', '--no_val']
+    # Every part runs as a subprocess with one thread: bitwise equality needs the
+    # same float reductions, and pytest's own process may use more threads.
     whole = tmp_path / 'whole'
-    main.main(tiny_args(*tiny_synthetic, whole, *common))
+    run_main = [sys.executable, str(ROOT / 'main.py')]
+    subprocess.run([*run_main, *tiny_args(*tiny_synthetic, whole, *common)], cwd=ROOT, env=_env(),
+                   check=True, capture_output=True)
 
     stopped = tmp_path / 'stopped'
     args = tiny_args(*tiny_synthetic, stopped, *common, '--checkpoint_steps', '2',
                      '--auto_resume')
-    code, out = _stop_mid_epoch([sys.executable, str(ROOT / 'main.py'), *args], stopped,
-                                signal.SIGTERM, _env())
+    code, out = _stop_mid_epoch([*run_main, *args], stopped, signal.SIGTERM, _env())
     assert code == EXIT_PREEMPTED, out[-3000:]
     assert 'stopped by SIGTERM' in out and 'with --auto_resume to continue' in out
     saved = sorted(p.name for p in stopped.glob('save_*.pth'))
     assert not (stopped / 'save_2.pth').exists() and saved, saved
-    main.main(args)  # the same command again
+    subprocess.run([*run_main, *args], cwd=ROOT, env=_env(), check=True,
+                   capture_output=True)  # the same command again
     final = _weights(stopped / 'save_2.pth')
     expected = _weights(whole / 'save_2.pth')
     assert final.keys() == expected.keys()
