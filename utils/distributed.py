@@ -283,13 +283,16 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         from torch.distributed.nn.functional import all_reduce
 
         dims = [0] + list(range(2, x.dim()))
-        count = torch.tensor([x.numel() / x.size(1)], dtype=x.dtype, device=x.device)
-        stats = torch.cat([x.sum(dims), (x * x).sum(dims), count])
-        stats = all_reduce(stats)
         c = x.size(1)
-        n = stats[-1]
-        mean = stats[:c] / n
-        var = stats[c:2 * c] / n - mean * mean  # biased, used to normalize
+        shape = [1, c] + [1] * (x.dim() - 2)
+        count = torch.tensor([x.numel() / c], dtype=x.dtype, device=x.device)
+        totals = all_reduce(torch.cat([x.sum(dims), count]))
+        n = totals[-1]
+        mean = totals[:c] / n
+        # Two passes, as BatchNorm does: E[x^2] - mean^2 in float32 loses the
+        # variance to cancellation when |mean| >> std (after a ReLU, say).
+        centered = x - mean.view(shape)
+        var = all_reduce((centered * centered).sum(dims)) / n  # biased, used to normalize
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
@@ -298,8 +301,7 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 unbiased = var * (n / (n - 1).clamp(min=1))
                 self.running_mean.mul_(1 - momentum).add_(momentum * mean.detach())
                 self.running_var.mul_(1 - momentum).add_(momentum * unbiased.detach())
-        shape = [1, c] + [1] * (x.dim() - 2)
-        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        y = centered * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         return y
