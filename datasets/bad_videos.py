@@ -31,7 +31,7 @@ class SkipBadVideos(Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def __getattr__(self, name):  # device_normaliser, records, labels, ...
+    def __getattr__(self, name):  # device_normalizer, records, labels, ...
         if name == 'dataset':
             raise AttributeError(name)
         return getattr(self.dataset, name)
