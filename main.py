@@ -40,7 +40,6 @@ from utils.checkpoint import (
     CheckpointError,
     capture_rng_state,
     find_latest_checkpoint,
-    load_checkpoint,
     load_training_checkpoint,
     remove_stale_temporaries,
     restore_rng_state,
@@ -87,10 +86,10 @@ def run(opt, ctx):
 
 
 def run_stages(opt, ctx):
-    record = prepare(opt, ctx)
+    record, checkpoint = prepare(opt, ctx)
     datasets = load_data(opt, record)
     warn_short_videos(opt, ctx, datasets)
-    model, checkpoint = restore(opt, ctx, record)
+    model = restore(opt, ctx, record, checkpoint)
     if ctx.is_main:
         save_opts(opt, opt.result_path / 'opts.json', run=record.to_dict())
     du.set_collective_timeout(ctx, opt.dist_timeout)  # start-up is over
@@ -146,8 +145,9 @@ def claim_result_folder(opt, lock):
 # ----------------------------------------------------------------------------- prepare
 
 def prepare(opt, ctx):
-    """The run record: device settings, the effective learning rate, the data
-    paths and the checkpoint to resume from."""
+    """The run record (device settings, the effective learning rate, the data
+    paths, the checkpoint to resume from) and that checkpoint, loaded once
+    (None for a fresh run)."""
     if ctx.device.type == 'cuda':
         # Fixed clip shapes: cudnn.benchmark picks the fastest kernels, which
         # may differ from run to run; --deterministic trades that for repeatability.
@@ -162,7 +162,8 @@ def prepare(opt, ctx):
     resume = resume_path(opt, ctx)
     if resume is None and not opt.no_train:
         on_main_rank(ctx, lambda: refuse_or_clear_other_run(opt.result_path, opt.overwrite))
-    return RunRecord(
+    checkpoint = load_training_checkpoint(resume) if resume is not None else None
+    record = RunRecord(
         device=str(ctx.device), world_size=ctx.world_size,
         batch_per_process=data.per_process_batch(opt.batch_size, ctx),
         learning_rate=effective_learning_rate(opt, ctx),
@@ -170,7 +171,8 @@ def prepare(opt, ctx):
         normalize_on_device=opt.normalize_on_device == 'on' or
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
         video_path=video_path, annotation_path=annotation_path,
-        resume_path=resume, **fine_tuning_settings(opt, resume))
+        resume_path=resume, **fine_tuning_settings(opt, checkpoint, resume))
+    return record, checkpoint
 
 
 def make_deterministic():
@@ -206,15 +208,14 @@ def resume_path(opt, ctx):
 FINE_TUNING_KEYS = ('n_classes', 'ft_begin_module', 'ft_lr_ratio')
 
 
-def fine_tuning_settings(opt, checkpoint_path):
+def fine_tuning_settings(opt, checkpoint, checkpoint_path):
     """The class count, the first trained module and the backbone's lr ratio: the
     options', or a resumed checkpoint's, so that resuming a fine-tuning run needs
     no fine-tuning options. An option given with a value other than its default
     and the checkpoint's is an error: a resumed run cannot change them."""
     given = {k: getattr(opt, k) for k in FINE_TUNING_KEYS}
-    if checkpoint_path is None:
+    if checkpoint is None:
         return given
-    checkpoint = load_checkpoint(checkpoint_path)
     stored_opts = checkpoint.get('opts') or {}
     settings = {}
     for key, value in given.items():
@@ -264,15 +265,12 @@ def warn_short_videos(opt, ctx, datasets):
 
 # ----------------------------------------------------------------------------- restore
 
-def restore(opt, ctx, record):
-    """The model with its weights (pretrained, or resumed from record.resume_path)
-    and its frozen modules; the checkpoint (None for a fresh run). Completes the
-    run record."""
+def restore(opt, ctx, record, checkpoint):
+    """The model with its weights (pretrained, or resumed from `checkpoint`, the
+    one at record.resume_path) and its frozen modules. Completes the run record."""
     torch.manual_seed(opt.manual_seed)
     model = build_model(opt, record.n_classes, pretrained=record.resume_path is None)
-    checkpoint = None
-    if record.resume_path is not None:
-        checkpoint = load_training_checkpoint(record.resume_path)
+    if checkpoint is not None:
         if checkpoint.get('arch', opt.arch) != opt.arch:
             raise OptionError(f'--resume_path {record.resume_path} holds a {checkpoint["arch"]} '
                               f'model but the options build {opt.arch}')
@@ -301,7 +299,7 @@ def restore(opt, ctx, record):
         except ValueError as e:
             raise OptionError(str(e)) from e
         log(ctx, f'activation checkpointing of {", ".join(stages)}')
-    return model, checkpoint
+    return model
 
 
 def loop_config(opt, record):

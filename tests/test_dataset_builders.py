@@ -20,7 +20,8 @@ def parsed(tiny, tmp_path, *extra):
 def prepared(tiny, tmp_path, *extra):
     """(options, run record) of a one-process CPU run."""
     opt = parsed(tiny, tmp_path, *extra)
-    return opt, main.prepare(opt, DistContext())
+    record, _ = main.prepare(opt, DistContext())
+    return opt, record
 
 
 def test_sample_t_stride_applies_to_train_val_and_inference(tiny_synthetic, tmp_path):
@@ -68,7 +69,7 @@ def test_validation_subset_with_fewer_than_five_videos(tiny_synthetic, tmp_path)
 def test_linear_lr_scaling(tiny_synthetic, tmp_path):
     opt = parsed(tiny_synthetic, tmp_path, '--lr_scaling', 'linear', '--base_batch_size', '4',
                  '--accumulation_steps', '2', '--learning_rate', '0.01')
-    record = main.prepare(opt, DistContext(rank=0, world_size=2))
+    record, _ = main.prepare(opt, DistContext(rank=0, world_size=2))
     # global batch 8 x 2 accumulation steps over a base batch of 4
     assert record.learning_rate == pytest.approx(0.04)
     assert opt.learning_rate == 0.01  # the options stay as given
