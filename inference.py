@@ -6,7 +6,9 @@ The clips are a sliding window (--inference_stride) or --inference_n_clips
 clips spread evenly; each is one center crop, the whole frame, or three crops
 along the long side. Views are batched across videos (a long video never has
 to fit in memory at once); each rank takes whole videos, and rank 0 gathers
-the per-video scores and writes the one file.
+the per-video scores and writes the one file. A video annotated with several
+segments (ActivityNet: one record each) gets one score, the mean over the
+views of all its segments, and "views" counts them all.
 """
 import json
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from utils.distributed import eval_module, gather_objects_to_main
 class InferenceOutput:
     """Rank 0's merged results, in the annotation's video order."""
     results: dict  # video_id -> [{label, score}] (or per view: [{segment, [crop,] result}])
-    views: dict  # video_id -> number of views averaged
+    views: dict  # video_id -> number of views averaged (over all its segments)
     features: dict | None  # video_id -> mean pooled feature (float tensor), if asked
 
 
@@ -35,29 +37,45 @@ def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, 
     dataset = loader.dataset
     model = eval_module(model)
     scores = ViewScores(keep_views=not average)
-    for batch in score_views(loader, model, ctx.device, dataset.device_normalizer, config.amp,
-                             config.channels_last, feature_module,
-                             progress=ctx.is_main and config.progress_bar,
-                             amp_dtype=config.amp_dtype):
-        scores.add(*batch)
+    video_ids = VideoIds(dataset.records)
+    for indices, *rest in score_views(loader, model, ctx.device, dataset.device_normalizer,
+                                      config.amp, config.channels_last, feature_module,
+                                      progress=ctx.is_main and config.progress_bar,
+                                      amp_dtype=config.amp_dtype):
+        # By video id: every segment (record) of an ActivityNet video counts
+        # toward the one score (the shard keeps a video's records on one rank).
+        scores.add([video_ids[v] for v in indices], *rest)
     n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
     local = {}
     for v, n_views in scores.counts.items():
         entries = _view_entries(scores.views[v], class_names, topk, n_crops) if not average \
             else topk_entries(scores.mean(v), class_names, topk)
         feature = scores.mean_features(v) if feature_module is not None else None
-        local[dataset.records[v].video_id] = (entries, n_views, feature)
+        local[v] = (entries, n_views, feature)
     gathered = gather_objects_to_main(local, ctx)
     if not ctx.is_main:
         return None
     merged = {k: value for part in gathered for k, value in part.items()}
     # Keep the annotation's video order, whichever rank scored a video.
-    ids = [r.video_id for r in dataset.records if r.video_id in merged]
+    ids = [v for v in dict.fromkeys(r.video_id for r in dataset.records) if v in merged]
     output = InferenceOutput({v: merged[v][0] for v in ids}, {v: merged[v][1] for v in ids},
                              {v: merged[v][2] for v in ids} if feature_module is not None else None)
     with open(result_file, 'w') as f:
         json.dump({'results': output.results, 'views': output.views}, f)
     return output
+
+
+class VideoIds:
+    """Record index -> video id, remembered (a RecordTable decodes it from bytes)."""
+
+    def __init__(self, records):
+        self.records = records
+        self.known = {}
+
+    def __getitem__(self, index):
+        if index not in self.known:
+            self.known[index] = self.records[index].video_id
+        return self.known[index]
 
 
 def _view_entries(views, class_names, topk, n_crops):
@@ -108,8 +126,9 @@ def score_views(loader, model, device, normalizer=None, amp=False, channels_last
 
 
 class ViewScores:
-    """Per video: the sum of its views' softmax (and pooled features) and the
-    view count; with ``keep_views`` also every view's softmax."""
+    """Per video (any key: a record index, a video id): the sum of its views'
+    softmax (and pooled features) and the view count; with ``keep_views`` also
+    every view's softmax, in the order added."""
 
     def __init__(self, keep_views=False):
         self.keep_views = keep_views

@@ -170,16 +170,28 @@ class VideoWindowDataset(Dataset):
         return int(self.video_offsets[-1])
 
     def shard(self, rank: int, world_size: int) -> range:
-        """Contiguous item range of ``rank``: whole videos, about equal item counts."""
+        """Contiguous item range of ``rank``: whole videos, about equal item counts.
+        The records of one video id (ActivityNet's segments, listed together) stay
+        on one rank, whose inference averages them into the video's score."""
         total = len(self)
+        starts = self._video_id_starts()
         bounds = [0]
         for r in range(1, world_size):
             target = total * r // world_size
-            v = int(np.searchsorted(self.video_offsets, target, side='left'))
-            bounds.append(int(self.video_offsets[min(v, len(self.records))]))
+            v = int(np.searchsorted(starts, target, side='left'))
+            bounds.append(int(starts[min(v, len(starts) - 1)]))
         bounds.append(total)
         bounds = np.maximum.accumulate(bounds)
         return range(int(bounds[rank]), int(bounds[rank + 1]))
+
+    def _video_id_starts(self) -> np.ndarray:
+        """Item offsets where a run of records with one video id begins, and the total."""
+        n = len(self.records)
+        video_id = getattr(self.records, 'video_id', None)  # a RecordTable: no VideoRecords
+        ids = [video_id(i) for i in range(n)] if callable(video_id) else \
+            [r.video_id for r in self.records]
+        first = [i for i in range(n) if i == 0 or ids[i] != ids[i - 1]]
+        return np.append(self.video_offsets[first], self.video_offsets[-1])
 
     @_errors_as_values
     def __getitem__(self, i: int):

@@ -166,3 +166,113 @@ def test_multiview_inference_on_two_ranks_equals_one(tmp_path):
         torch.testing.assert_close(one['features'][v], two['features'][v])
     written = json.loads((tmp_path / 'out.2.json').read_text())
     assert written['views'] == {'a': 6, 'b': 6, 'c': 6} and list(written['results']) == ['a', 'b', 'c']
+
+
+# ActivityNet: one record per annotated segment, several records per video.
+# 'a' has three segments; with plain per-record sharding its segments would
+# fall on both ranks (rank 0: b, a[0]; rank 1: a[1], a[2], c).
+SEGMENT_RECORDS = [VideoRecord('b', 'b', 0, 9, 1, (1, 10)),
+                   VideoRecord('a', 'a', 0, 20, 0, (1, 21)),
+                   VideoRecord('a', 'a', 24, 10, 2, (25, 35)),
+                   VideoRecord('a', 'a', 36, 8, 2, (37, 45)),
+                   VideoRecord('c', 'c', 0, 14, 3, (1, 15))]
+
+
+def _segment_dataset(crop='center'):
+    spatial = build_eval_transform(32, mean=[0.5] * 3, std=[0.25] * 3, crop=crop)
+    ds = VideoWindowDataset(SEGMENT_RECORDS, PositionLoader(), TemporalEvenCrop(4, n_samples=2),
+                            spatial)
+    ds.device_normalizer = None
+    return ds
+
+
+def _segment_infer_worker(ctx, out_path, average):
+    from dataclasses import replace
+
+    from inference import run_inference
+    from training import LoopConfig
+    ds = _segment_dataset()
+    loader = DataLoader(ds, batch_size=3, sampler=ds.shard(ctx.rank, ctx.world_size))
+    model = _tiny_model()
+    out = run_inference(loader, model, ['w', 'x', 'y', 'z'], ctx,
+                        replace(LoopConfig(), progress_bar=False),
+                        out_path.with_suffix(f'.{ctx.world_size}.json'), topk=0, average=average,
+                        feature_module=model.fc if average else None)
+    if ctx.is_main:
+        torch.save({'results': out.results, 'views': out.views, 'features': out.features},
+                   out_path.with_suffix(f'.{ctx.world_size}.pth'))
+
+
+def _by_hand_segment_views():
+    """{video_id: [softmax of each window of each of its segments]}, in order."""
+    ds, model = _segment_dataset(), _tiny_model()
+    views = {}
+    for i in range(len(ds)):
+        clip, v, _ = ds[i]
+        with torch.no_grad():
+            p = model(clip[None])[0].softmax(0)
+        views.setdefault(SEGMENT_RECORDS[v].video_id, []).append(p)
+    return views
+
+
+def test_every_segment_of_a_video_counts_toward_its_score(tmp_path):
+    from utils.distributed import DistContext
+    _segment_infer_worker(DistContext(), tmp_path / 'out', True)
+    one = torch.load(tmp_path / 'out.1.pth', weights_only=True)
+    expected = _by_hand_segment_views()
+    assert one['views'] == {'b': 2, 'a': 6, 'c': 2}  # 2 windows per segment
+    assert list(one['results']) == ['b', 'a', 'c']  # annotation order, each video once
+    for v, views in expected.items():
+        scores = {e['label']: e['score'] for e in one['results'][v]}
+        mean = torch.stack(views).mean(0)
+        assert [scores[name] for name in 'wxyz'] == pytest.approx(mean.tolist(), abs=1e-6), v
+    written = json.loads((tmp_path / 'out.1.json').read_text())
+    assert written['views'] == {'b': 2, 'a': 6, 'c': 2}
+
+
+def test_per_clip_output_keeps_every_segment(tmp_path):
+    from utils.distributed import DistContext
+    _segment_infer_worker(DistContext(), tmp_path / 'out', False)
+    one = torch.load(tmp_path / 'out.1.pth', weights_only=True)
+    assert one['views'] == {'b': 2, 'a': 6, 'c': 2}
+    # window starts 0 and room of each segment, in the annotation's frame numbers
+    assert [e['segment'] for e in one['results']['a']] == [
+        [1, 5], [17, 21], [25, 29], [31, 35], [37, 41], [41, 45]]
+    expected = _by_hand_segment_views()['a']
+    for entry, p in zip(one['results']['a'], expected):
+        scores = {e['label']: e['score'] for e in entry['result']}
+        assert [scores[name] for name in 'wxyz'] == pytest.approx(p.tolist(), abs=1e-6)
+
+
+def test_shard_keeps_the_segments_of_a_video_on_one_rank():
+    ds = _segment_dataset()
+    shards = [list(ds.shard(r, 2)) for r in range(2)]
+    assert sorted(shards[0] + shards[1]) == list(range(len(ds)))
+    ids = [{SEGMENT_RECORDS[int(ds.video_of_item[i])].video_id for i in s} for s in shards]
+    assert not ids[0] & ids[1], ids
+
+
+@pytest.mark.parametrize('average', [True, False], ids=['average', 'per_clip'])
+def test_segment_inference_on_two_ranks_equals_one(tmp_path, average):
+    from tests.dist_helpers import run_ranks
+    from utils.distributed import DistContext
+    _segment_infer_worker(DistContext(), tmp_path / 'out', average)
+    run_ranks(_segment_infer_worker, 2, tmp_path / 'out', average)
+    one, two = (torch.load(tmp_path / f'out.{n}.pth', weights_only=True) for n in (1, 2))
+    assert one['views'] == two['views'] == {'b': 2, 'a': 6, 'c': 2}
+    assert list(one['results']) == list(two['results']) == ['b', 'a', 'c']
+    # batches of 3 items are cut differently on two ranks: rounding differs, not labels
+    for v in 'bac':
+        flat = [_flat_entries(out['results'][v]) for out in (one, two)]
+        assert [label for label, _ in flat[0]] == [label for label, _ in flat[1]]
+        assert [s for _, s in flat[1]] == pytest.approx([s for _, s in flat[0]], abs=1e-6)
+        if average:
+            torch.testing.assert_close(one['features'][v], two['features'][v])
+
+
+def _flat_entries(entries):
+    """(segment/label, score) pairs of averaged or per-clip entries."""
+    if entries and 'result' in entries[0]:
+        return [((tuple(e['segment']), r['label']), r['score'])
+                for e in entries for r in e['result']]
+    return [(e['label'], e['score']) for e in entries]
