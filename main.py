@@ -457,7 +457,11 @@ def check_resume_batch(record, n_batches):
 
 def validate(epoch, val_loader, model, ema, ctx, config, tb_writer, class_names):
     """The raw weights' validation statistics, with the EMA weights' loss and
-    video accuracy beside them (ema_loss, ema_acc) when there is an EMA."""
+    video accuracy beside them (ema_loss, ema_acc) when there is an EMA, each
+    with rank 0's BatchNorm statistics (the checkpoint's) on every rank."""
+    du.broadcast_buffers(model, ctx)
+    if ema is not None:
+        du.broadcast_buffers(ema.module, ctx)
     stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer, class_names)
     if ema is not None:
         ema_stats = val_epoch(epoch, val_loader, ema.module, ctx, config)
@@ -595,6 +599,7 @@ def infer(opt, ctx, record, config, model, datasets):
     """Inference written to <result_path>/<subset>.json (and the features file),
     and its evaluation on a labelled subset."""
     loader = data.make_inference_loader(datasets.infer, opt, ctx)
+    du.broadcast_buffers(model, ctx)  # rank 0's BatchNorm statistics, as after validation
     result_file = opt.result_path / f'{opt.inference_subset}.json'
     head = None
     if opt.extract_features is not None:

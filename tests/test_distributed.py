@@ -215,6 +215,85 @@ def test_validation_with_uneven_batch_counts_over_ranks(tmp_path):
     assert two['loss'] == pytest.approx(one['loss'], abs=1e-6)
 
 
+def _val_loader(ctx, n_videos=7):
+    dataset = VideoSet(n_videos)
+    return torch.utils.data.DataLoader(dataset, batch_size=2, sampler=ShardSampler(
+        len(dataset), ctx.rank, ctx.world_size))
+
+
+def _train_then_validate(ctx, out_path):
+    """Each rank trains on its half of every batch without synchronised BN (so
+    the BatchNorm running statistics, and their EMA, differ per rank), then
+    validates through main.validate, as fit does."""
+    import main
+    from utils.ema import make_ema, update_ema
+    model = make_parallel(tiny_resnet(), ctx, batchnorm_sync=False)
+    optimizer = make_optimizer(model, SGD_CONFIG)
+    ema = make_ema(model, 0.5)
+    model.train()
+    for x, y in shard(batches(), ctx, per_rank_micro=4):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        update_ema(ema, model)
+    if ctx.rank == 0:  # what the checkpoint holds: rank 0's weights and buffers
+        torch.save({'raw': du.unwrap(model).state_dict(), 'ema': ema.module.state_dict()},
+                   out_path / 'state.pth')
+    stats = main.validate(1, _val_loader(ctx), model, ema, ctx, loop_config(), None, None)
+    if ctx.rank == 0:
+        torch.save(stats, out_path / 'stats.pth')
+
+
+def test_validation_without_sync_bn_uses_rank_0s_buffers(tmp_path):
+    run_ranks(_train_then_validate, 2, tmp_path)
+    two = torch.load(tmp_path / 'stats.pth', weights_only=True)
+    state = torch.load(tmp_path / 'state.pth', weights_only=True)
+    one = {}
+    for which in ('raw', 'ema'):
+        model = tiny_resnet()
+        model.load_state_dict(state[which])
+        one[which] = val_epoch(1, _val_loader(SINGLE), model, SINGLE, loop_config())
+    print(f"|loss 2 proc - 1 proc|: {abs(two['loss'] - one['raw']['loss']):.3g}, "
+          f"EMA {abs(two['ema_loss'] - one['ema']['loss']):.3g}")
+    for key in ('loss', 'acc', 'clip_acc'):
+        assert two[key] == pytest.approx(one['raw'][key], abs=1e-6), key
+    assert torch.equal(two['confusion'], one['raw']['confusion'])
+    assert two['ema_loss'] == pytest.approx(one['ema']['loss'], abs=1e-6)
+    assert two['ema_acc'] == pytest.approx(one['ema']['acc'], abs=1e-6)
+
+
+def _main_run(ctx, argv):
+    import main
+    from opts import parse_opts
+    main.run(parse_opts(argv), ctx)
+
+
+def test_inference_after_training_without_sync_bn_scores_the_saved_model(tiny_synthetic,
+                                                                          tmp_path):
+    """No validation between the last training step and inference: the ranks'
+    BatchNorm statistics still differ there unless rank 0's are broadcast. (A
+    small learning rate keeps the softmax away from 1.0, where it hides them.)"""
+    import json
+
+    import main
+    from tests.conftest import tiny_args
+    views = ('--inference', '--inference_n_clips', '2', '--output_topk', '0')
+    run_ranks(_main_run, 2, tiny_args(*tiny_synthetic, tmp_path / 'two', '--distributed',
+                                      '--n_epochs', '1', '--no_val', '--n_threads', '0',
+                                      '--batch_size', '4', '--learning_rate', '1e-4', *views))
+    main.main(tiny_args(*tiny_synthetic, tmp_path / 'one', '--no_train', '--no_val',
+                        '--resume_path', str(tmp_path / 'two' / 'save_1.pth'), *views))
+    two, one = (json.loads((tmp_path / name / 'val.json').read_text())['results']
+                for name in ('two', 'one'))
+    assert list(two) == list(one)
+    assert max(e['score'] for v in one for e in one[v]) < 0.9
+    worst = max(abs(a['score'] - b['score']) for v in one for a, b in
+                zip(sorted(one[v], key=lambda e: e['label']),
+                    sorted(two[v], key=lambda e: e['label'])))
+    print(f'max |score 2 proc - 1 proc| {worst:.3g}')
+    assert worst < 1e-5
+
+
 def test_shard_sampler_covers_every_item_once():
     shards = [list(ShardSampler(7, r, 3)) for r in range(3)]
     assert sorted(sum(shards, [])) == list(range(7))

@@ -255,6 +255,19 @@ def broadcast_object(obj, ctx):
     return box[0]
 
 
+def broadcast_buffers(model, ctx):
+    """Rank 0's buffers (BatchNorm running statistics) on every rank.
+
+    DDP broadcasts them only before a training forward, whose update then
+    differs per rank without synchronised BatchNorm (and so do their EMA
+    averages): before validation every rank takes rank 0's, the ones its
+    checkpoint saves, so N processes validate the saved model as one does."""
+    if not ctx.distributed:
+        return
+    for buffer in unwrap(model).buffers():
+        dist.broadcast(buffer, src=0)
+
+
 def ddp_options(batchnorm_sync):
     """DistributedDataParallel keyword arguments. Synchronised BatchNorm keeps
     the running statistics equal on every rank, so rank 0's need not be
