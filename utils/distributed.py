@@ -213,9 +213,15 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
 def set_collective_timeout(ctx, seconds):
     """After start-up (which may wait long for other nodes or rank 0's checks),
     a rank that died or froze makes the others' next collective fail after
-    `seconds` instead of the 30 minutes of PG_TIMEOUT."""
+    `seconds` instead of the 30 minutes of PG_TIMEOUT. dist.set_timeout with
+    no group changes only the default group (NCCL's on GPUs): the gloo CPU
+    group, which carries the stop flags and the broadcasts around checkpoint
+    writes, is set too."""
     if ctx.distributed and seconds and seconds > 0:
-        dist.set_timeout(datetime.timedelta(seconds=seconds))
+        timeout = datetime.timedelta(seconds=seconds)
+        dist.set_timeout(timeout)
+        if ctx.cpu_group is not None:
+            dist.set_timeout(timeout, group=ctx.cpu_group)
 
 
 def cleanup(ctx):
