@@ -31,6 +31,7 @@ from datasets.video_index import load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from opts import OptionError
 from utils.distributed import barrier
+from utils.preemption import shield_loader_worker
 from utils.resumable_data import ResumableSampler, SeededSamples
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
@@ -132,9 +133,12 @@ def get_inference_data(opt, record):
 class VideoDataLoader(DataLoader):
     """A DataLoader that raises a worker's DataError in the main process with the
     worker's message as it was: the data sets hand it back as a BadVideo value,
-    because DataLoader would re-raise it with a traceback pasted into the text."""
+    because DataLoader would re-raise it with a traceback pasted into the text.
+    Its workers leave stop signals to the main process (shield_loader_worker);
+    a worker that dies anyway is reported in one line (utils/failures.py)."""
 
     def __init__(self, dataset, **kwargs):
+        kwargs.setdefault('worker_init_fn', shield_loader_worker)
         super().__init__(dataset, collate_fn=collate, **kwargs)
 
     def __iter__(self):

@@ -10,6 +10,7 @@ loop) or evaluate (validation only), and infer.
 """
 import contextlib
 import os
+import signal
 import sys
 import time
 import traceback
@@ -46,6 +47,7 @@ from utils.checkpoint import (
     save_checkpoint_atomic,
 )
 from utils.ema import ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
+from utils.failures import EXIT_FAILED, describe_failure
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
 from utils.logs import TsvLogger, truncate_log
@@ -682,14 +684,12 @@ def worker(local_rank, opt, ranks_per_node):
 
 def exit_now(error, ctx, opt):
     """Reports the error as main() would, then ends the process at once."""
-    code = 1
-    if isinstance(error, RuntimeError) and is_collective_failure(error):
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        print(f'error: rank {ctx.rank}: a collective failed ({first_line}): another process of '
-              f'the job died or froze (--dist_timeout {opt.dist_timeout}s); torchrun '
-              f'--max-restarts restarts the job and --auto_resume continues it', file=sys.stderr)
+    line = describe_failure(error, opt, ctx.rank)
+    code = EXIT_FAILED
+    if line is not None:
+        report(line)
     elif isinstance(error, USER_ERRORS):
-        print(f'error: {error}', file=sys.stderr)
+        report(f'error: {error}')
         code = 2
     elif isinstance(error, SystemExit):
         code = error.code if isinstance(error.code, int) else 1
@@ -701,11 +701,12 @@ def exit_now(error, ctx, opt):
     os._exit(code)
 
 
-def is_collective_failure(error):
-    if isinstance(error, (torch.distributed.DistBackendError, torch.distributed.DistNetworkError)):
-        return True
-    text = str(error)
-    return any(s in text for s in ('gloo', 'NCCL', 'Timed out', 'timed out', 'Connection closed'))
+def report(line):
+    """The one line of a failure on stderr. Loader workers that die from now on
+    (torchrun ends the process group of a failed job) are no news: their
+    SIGCHLD no longer raises a second error while this one is reported."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv=None):
@@ -718,10 +719,20 @@ def main(argv=None):
         else:
             worker(None, opt, 1)
     except USER_ERRORS as e:
-        print(f'error: {e}', file=sys.stderr, flush=True)
+        report(f'error: {e}')
         sys.exit(2)
-    except mp.ProcessExitedException as e:  # the process said why
-        sys.exit(e.exit_code)
+    except mp.ProcessExitedException as e:  # the process said why, unless a signal killed it
+        if e.signal_name:
+            report(f'error: process {e.error_index} (pid {e.error_pid}) of the job was killed by '
+                   f'{e.signal_name}' + (', most likely by the kernel\'s out-of-memory killer'
+                                         if e.signal_name == 'SIGKILL' else ''))
+        sys.exit(e.exit_code if e.exit_code > 0 else EXIT_FAILED)
+    except RuntimeError as e:  # a dead loader worker (one process)
+        line = describe_failure(e, opt)
+        if line is None:
+            raise
+        report(line)
+        sys.exit(EXIT_FAILED)
 
 
 if __name__ == '__main__':

@@ -34,6 +34,7 @@ from utils.checkpoint import (
 )
 from utils.distributed import free_port
 from utils.logs import read_tsv
+from utils.processes import alive, child_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 N_EPOCHS = 4
@@ -250,12 +251,6 @@ def single_process(data, root, n_kills, rng):
     print(f'kills landed in: {phases}; run ended before the aimed moment: {totals["missed"]}')
 
 
-def worker_pids(agent_pid):
-    out = subprocess.run(['pgrep', '-P', str(agent_pid)], capture_output=True, text=True,
-                         check=False)
-    return [int(p) for p in out.stdout.split()]
-
-
 def torchrun_fault(fault, data, root, rng, reference):
     """fault 'kill' or 'freeze' one of the two workers after the first checkpoint."""
     result = root / f'ddp_{fault}'
@@ -264,7 +259,7 @@ def torchrun_fault(fault, data, root, rng, reference):
     target = rng.randint(reference['steps_per_epoch'], reference['steps'] - 2)
     while steps_logged(result) < target and proc.poll() is None:
         time.sleep(0.01)
-    workers = worker_pids(proc.pid)
+    workers = child_pids(proc.pid)
     victim = rng.choice(workers) if workers else None
     exit_seconds = None
     if victim is not None and fault == 'kill':
@@ -273,7 +268,7 @@ def torchrun_fault(fault, data, root, rng, reference):
         os.kill(victim, signal.SIGSTOP)
         t0 = time.time()
         others = [w for w in workers if w != victim]
-        while any(_alive(w) for w in others) and time.time() - t0 < 600:
+        while any(alive(w) for w in others) and time.time() - t0 < 600:
             time.sleep(0.05)
         exit_seconds = time.time() - t0
     finished = finish(proc, log)
@@ -282,18 +277,6 @@ def torchrun_fault(fault, data, root, rng, reference):
             'stale': len(temporaries(result)), 'rows': dup + missing,
             'equal': final_weights_equal(result, reference['result']),
             'exit_seconds': exit_seconds}
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie has exited
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().split(')')[-1].split()[0] != 'Z'
-    except OSError:
-        return False
 
 
 def torchrun_faults(data, root, rng):

@@ -55,3 +55,29 @@ def test_the_timeout_reaches_the_cpu_group_too(tmp_path):
     two_seconds = str(datetime.timedelta(seconds=2))
     assert (default, cpu) == (two_seconds, two_seconds)
     assert result.startswith('failed')  # after 2 s, not the 6 s of rank 1's freeze
+
+
+def frozen_peer_at_the_stop_flag(ctx, out_dir):
+    from types import SimpleNamespace
+
+    from utils.failures import describe_failure
+    from utils.preemption import agree_to_stop
+    set_collective_timeout(ctx, 2)
+    if ctx.rank == 1:
+        time.sleep(6)
+        return
+    try:
+        agree_to_stop(False, ctx)
+        line = 'completed'
+    except RuntimeError as e:
+        opt = SimpleNamespace(dist_timeout=2, n_threads=1, batch_size=8, sample_size=32)
+        line = describe_failure(e, opt, ctx.rank)
+    (out_dir / 'line').write_text(line)
+
+
+def test_a_frozen_peer_is_reported_in_one_line_naming_the_collective(tmp_path):
+    run_ranks(frozen_peer_at_the_stop_flag, 2, tmp_path)
+    line = (tmp_path / 'line').read_text()
+    assert line.startswith('error: rank 0: the collective all_reduce (utils/preemption.py:')
+    assert 'agree_to_stop) failed: timed out (--dist_timeout 2 s): another process of the ' \
+           'job froze' in line, line

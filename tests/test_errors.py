@@ -1,15 +1,26 @@
 """Bad input gives one clear error naming the file, video or option (exit code 2),
 raised before training where it can be checked up front."""
+import contextlib
 import errno
 import json
+import os
 import pathlib
 import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 
 import main
 from tests.conftest import tiny_args
 from utils.checkpoint import load_checkpoint
+from utils.failures import describe_failure
+from utils.processes import child_pids
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -227,3 +238,90 @@ def test_bad_video_skipped_during_training(data_copy, tmp_path, capfd):
     assert captured.out.count('skipped 1 samples of bad videos') == 2  # once per epoch
     # Without skip the same run stops with the video's name.
     fails_with(capfd, tiny_args(videos, annotation, tmp_path / 'e', '--no_val'), vid)
+
+
+def test_a_killed_loader_worker_ends_the_run_in_one_line(data_copy, tmp_path):
+    """SIGKILL of a DataLoader worker, as the kernel's out-of-memory killer does:
+    one line naming the signal, the likely cause and what to lower, exit 1
+    (before: a 27-line traceback ending in 'DataLoader worker (pid N) is killed
+    by signal: Killed', raised inside backward by the SIGCHLD handler)."""
+    result = tmp_path / 'r'
+    cmd = [sys.executable, str(ROOT / 'main.py'), *tiny_args(
+        *data_copy, result, '--n_epochs', '40', '--n_threads', '2', '--no_val')]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (result / 'train_batch.log').exists():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
+            time.sleep(0.05)
+        # Every worker found until the run ends: one that was already leaving
+        # at the end of an epoch is no error.
+        while proc.poll() is None and time.time() < deadline:
+            for pid in child_pids(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert len(err.strip().splitlines()) == 1 and 'Traceback' not in err, err
+    assert err.startswith('error: DataLoader worker (pid ')
+    for needle in ('SIGKILL', "out-of-memory killer", '--n_threads (2)', '--batch_size (8)',
+                   '--sample_size (32)', '--auto_resume', 'exit 1'):
+        assert needle in err, err
+
+
+OPTIONS = types.SimpleNamespace(dist_timeout=2, n_threads=4, batch_size=16, sample_size=112)
+GLOO_RESET = ('[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error '
+              '[127.0.0.1]:22732: Connection reset by peer. This is typically caused by a '
+              'remote worker hanging or bugs in the application.')
+
+
+def raised(*messages):
+    """The error raised while handling the ones before it (a chain, as Python builds it)."""
+    try:
+        if len(messages) > 1:
+            try:
+                raise raised(*messages[:-1])
+            except RuntimeError:
+                raise RuntimeError(messages[-1])  # noqa: B904 - the chain is the point
+        raise RuntimeError(messages[0])
+    except RuntimeError as e:
+        return e
+
+
+def test_a_dead_peer_is_reported_not_the_workers_torchrun_ended_after_it():
+    error = raised(GLOO_RESET, 'DataLoader worker (pid 9555) is killed by signal: Terminated. ')
+    assert isinstance(error.__context__, RuntimeError)
+    line = describe_failure(error, OPTIONS, rank=0)
+    assert line.startswith('error: rank 0: ')
+    assert 'failed: connection reset by peer: another process of the job died' in line
+    assert 'Terminated' not in line and 'GLHF' not in line and '\n' not in line
+
+
+@pytest.mark.parametrize('message, needles', [
+    ('Timed out waiting 2000ms for recv operation to complete',
+     ['timed out (--dist_timeout 2 s)', 'froze']),
+    ('DataLoader worker (pid 12) is killed by signal: Bus error. ',
+     ['SIGBUS', '/dev/shm', '--n_threads (4)']),
+    ('DataLoader worker (pid(s) 12, 13) exited unexpectedly',
+     ['(pid 12, 13)', "out-of-memory killer", '--sample_size (112)']),
+    ('DataLoader worker (pid 12) exited unexpectedly with exit code 3. Details are lost',
+     ['exited with status 3', '--n_threads 0']),
+    ('DataLoader worker (pid 12) is killed by signal: Segmentation fault. ',
+     ['SIGSEGV', '--n_threads 0']),
+])
+def test_failures_in_one_line(message, needles):
+    line = describe_failure(raised(message), OPTIONS)
+    assert line.startswith('error: ') and '\n' not in line
+    for needle in needles:
+        assert needle in line, line
+    assert line.endswith('(exit 1, on which torchrun --max-restarts restarts the job)')
+
+
+def test_other_errors_are_not_described():
+    assert describe_failure(raised('mat1 and mat2 shapes cannot be multiplied'), OPTIONS) is None
+    assert describe_failure(ValueError('Connection reset by peer'), OPTIONS) is None

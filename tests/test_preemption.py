@@ -15,7 +15,13 @@ from tests.dist_helpers import run_ranks
 from utils.checkpoint import load_checkpoint
 from utils.distributed import DistContext
 from utils.logs import read_tsv
-from utils.preemption import EXIT_PREEMPTED, StopRequest, agree_to_stop, requeue_slurm_job
+from utils.preemption import (
+    EXIT_PREEMPTED,
+    StopRequest,
+    agree_to_stop,
+    requeue_slurm_job,
+    shield_loader_worker,
+)
 from utils.retention import checkpoint_name
 
 
@@ -173,3 +179,39 @@ def test_a_resumed_mid_epoch_checkpoint_skips_exactly_the_batches_it_covers(tiny
                             str(whole / checkpoint_name(1, 3))))
     assert stop.value.code == 2
     assert 'resume with the --batch_size and number of processes' in capsys.readouterr().err
+
+
+class SlowItems(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        time.sleep(0.2)
+        return torch.tensor(i)
+
+
+def _signal_from_another_process(pid, sig):
+    subprocess.run([sys.executable, '-c', f'import os; os.kill({pid}, {int(sig)})'], check=True)
+
+
+def test_loader_workers_leave_stop_signals_to_the_main_process():
+    """A stop signal sent to the process group (torchrun ending the job, Ctrl-C)
+    reaches the loader workers too. Before, they died of it and the main process
+    failed with 'DataLoader worker ... is killed by signal: Terminated' instead of
+    writing its checkpoint. The main process's own SIGTERM still ends a worker."""
+    loader = torch.utils.data.DataLoader(SlowItems(), batch_size=1, num_workers=1,
+                                         worker_init_fn=shield_loader_worker)
+    batches = iter(loader)
+    seen = [int(next(batches))]
+    worker = batches._workers[0]
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        _signal_from_another_process(worker.pid, sig)
+    seen += [int(b) for b in batches]
+    assert seen == list(range(6))
+    batches = iter(loader)
+    next(batches)
+    worker = batches._workers[0]
+    os.kill(worker.pid, signal.SIGTERM)  # from the main process, as at its shutdown
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+    del batches

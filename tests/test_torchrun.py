@@ -17,6 +17,7 @@ from tests.conftest import tiny_args
 from utils.checkpoint import load_checkpoint
 from utils.distributed import free_port
 from utils.logs import read_tsv
+from utils.processes import child_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / 'main.py')
@@ -89,8 +90,7 @@ def test_two_node_rendezvous_on_loopback(tiny_synthetic, tmp_path):
 
 
 def _worker_pids(parent_pid):
-    out = subprocess.run(['pgrep', '-P', str(parent_pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    return child_pids(parent_pid)
 
 
 @pytest.mark.parametrize('rendezvous', ['static', 'c10d'])
@@ -128,6 +128,81 @@ def test_elastic_restart_resumes_after_a_killed_worker(tiny_synthetic, tmp_path,
     assert epochs[-1] == n_epochs and set(epochs) == set(range(1, n_epochs + 1))
     # Not all epochs ran after the restart: it resumed, not started over.
     assert len(epochs) < 2 * n_epochs
+
+
+def test_a_peer_killed_mid_epoch_is_one_line_on_the_surviving_rank(tiny_synthetic, tmp_path):
+    """--n_threads 1: torchrun ends the surviving rank's process group after its
+    peer died. Before: two chained tracebacks (the collective's 'Connection reset
+    by peer', then 'DataLoader worker (pid N) is killed by signal: Terminated');
+    now one line naming the collective and why, and the job restarts and finishes."""
+    result = tmp_path / 'r'
+    n_epochs = 6
+    args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', str(n_epochs),
+                     '--checkpoint', '1', '--auto_resume', '--n_threads', '1', '--no_val',
+                     '--batch_size', '4', '--log_interval', '1')
+    proc = subprocess.Popen(
+        torchrun('--nproc_per_node=2', '--max-restarts=2', '--monitor-interval=0.5',
+                 f'--master_port={free_port()}', MAIN) + args,
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while _batch_rows(result) < 8:  # epoch 2, batch 2 of 6
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.02)
+        workers = _worker_pids(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert 'Traceback' not in err, err
+    lines = [line for line in err.splitlines() if line.startswith('error:')]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(('error: rank 0: ', 'error: rank 1: ')) and \
+        'another process of the job died' in lines[0] and '--auto_resume' in lines[0], err
+    assert load_checkpoint(result / f'save_{n_epochs}.pth')['epoch'] == n_epochs
+
+
+def test_sigterm_to_torchrun_with_loader_workers_still_checkpoints(tiny_synthetic, tmp_path):
+    """scancel or a terminal's kill ends torchrun, which passes SIGTERM to each
+    worker's whole process group, loader workers included. Before, those died
+    of it and the ranks failed with 'DataLoader worker ... is killed by signal:
+    Terminated' (no checkpoint); now they leave it to the ranks, which stop at
+    the same step with a checkpoint."""
+    result = tmp_path / 'r'
+    args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', '3',
+                     '--n_threads', '1', '--no_val', '--batch_size', '4', '--log_interval', '1')
+    proc = subprocess.Popen(
+        torchrun('--nproc_per_node=2', f'--master_port={free_port()}', MAIN) + args,
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while _batch_rows(result) < 3:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)  # the agent
+        out, err = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert 'stopped by SIGTERM: state saved in' in out, out[-2000:] + err[-3000:]
+    assert 'DataLoader worker' not in err, err
+    assert list(result.glob('save_*_*.pth')), sorted(p.name for p in result.iterdir())
+
+
+def _batch_rows(result):
+    try:
+        return len(read_tsv(result / 'train_batch.log'))
+    except (OSError, ValueError):
+        return 0
 
 
 def test_deprecated_launch_passes_local_rank(tiny_synthetic, tmp_path):

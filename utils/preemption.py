@@ -10,6 +10,7 @@ EXIT_PREEMPTED. Under SLURM with --requeue, rank 0 requeues the job first.
 import os
 import signal
 import subprocess
+import threading
 
 import torch
 
@@ -73,6 +74,29 @@ class NoStopRequest:
     """For loops run outside main.py (tests, benchmarks): never asks to stop."""
     requested = False
     signal_name = None
+
+
+def shield_loader_worker(worker_id=None):
+    """worker_init_fn of the DataLoaders. A stop signal sent to the whole process
+    group (torchrun ending a job, Ctrl-C in a terminal) reaches the loader
+    workers too; they died of it, and the main process then failed with
+    "DataLoader worker is killed by signal: Terminated" instead of finishing its
+    step and writing its checkpoint. The workers ignore SIGINT and SIGUSR1, and
+    SIGTERM unless the main process sends it (it ends a stuck worker that way
+    at shutdown, and multiprocessing at exit)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Blocked in every thread of the worker, and taken by one that can see the sender.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
+                     name='sigterm_from_main').start()
+
+
+def _exit_on_sigterm_from(parent):
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid == parent:
+            os._exit(0)  # as torch's own worker handler does for its parent's SIGTERM
 
 
 def agree_to_stop(local_request, ctx):

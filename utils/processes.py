@@ -1,0 +1,32 @@
+"""Processes found through /proc (Linux), without pgrep or ps: the self-check
+and the tests run where those tools may be missing."""
+import os
+
+
+def _stat_fields(pid):
+    """/proc/<pid>/stat after the command name (which may hold spaces and ')')."""
+    with open(f'/proc/{pid}/stat') as f:
+        return f.read().rsplit(')', 1)[1].split()
+
+
+def child_pids(parent):
+    """The pids of parent's living children, in increasing order."""
+    children = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat_fields(entry)
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == parent and fields[0] != 'Z':
+            children.append(int(entry))
+    return sorted(children)
+
+
+def alive(pid):
+    """True while pid runs (a zombie has exited)."""
+    try:
+        return _stat_fields(pid)[0] != 'Z'
+    except OSError:
+        return False
