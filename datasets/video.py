@@ -17,7 +17,7 @@ Rotated (phone) videos come out upright: the display matrix is applied.
 """
 from __future__ import annotations
 
-import bisect
+import itertools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,8 +28,8 @@ import torch
 
 from datasets.annotation import DataError
 
-__all__ = ['VIDEO_EXTENSIONS', 'VideoClipLoader', 'container_frames', 'count_frames',
-           'iter_frames', 'read_video', 'scaled_size']
+__all__ = ['VIDEO_EXTENSIONS', 'FrameIndex', 'VideoClipLoader', 'container_frames',
+           'count_frames', 'iter_frames', 'read_video', 'scaled_size', 'scan_frame_index']
 
 # Containers the loader looks for (in this order) at <video_path>/<label>/<video_id>.<ext>.
 VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv')
@@ -162,34 +162,153 @@ def _resample(frames, fps: float, short_side, convert, interpolation) -> Iterato
             produced += 1
 
 
+# ----------------------------------------------------------------------------- frame index
+
 @dataclass(frozen=True)
-class _FrameIndex:
-    """Presentation timestamps of every frame (sorted: index = position) and of
-    the keyframes, from one demux pass (no decoding).  ``pts`` is None when the
-    container gives packets without timestamps: then clips decode from the start."""
+class FrameIndex:
+    """What a frame-exact seek in one video needs, from one demux pass (no decoding).
+
+    ``pts``: presentation timestamps of the frames in display order (position p
+    has ``pts[p]``), or None when the container gives packets without (unique)
+    timestamps: then frames are counted from the start.  ``key_pos``: the
+    positions of the keyframes; ``key_seek``: the timestamp to seek to for each
+    (what the demuxer seeks by: FFmpeg's AVI demuxer indexes decoding timestamps,
+    the others presentation timestamps).  ``truncated``: the file ends before its
+    header says (a cut download); its frames are kept only up to the last
+    keyframe that is whole, and the positions past ``n_frames`` are reported as
+    missing instead of loop-padded.  ``expected``: the header's frame count, if any.
+    ``key_pts``: the keyframes' own timestamps (sorted, as ``key_pos``)."""
     pts: np.ndarray | None
-    keyframes: list[int]
+    key_pos: np.ndarray
+    key_pts: np.ndarray
+    key_seek: np.ndarray
     n_frames: int
+    truncated: bool = False
+    expected: int | None = None
+
+    def position(self, pts) -> int:
+        """Position of the frame with timestamp ``pts``; -1 if no frame has it."""
+        if pts is None or self.pts is None:
+            return -1
+        p = int(np.searchsorted(self.pts, pts))
+        return p if p < len(self.pts) and self.pts[p] == pts else -1
+
+    def keyframe_at(self, pts) -> int:
+        """Index of the keyframe whose timestamp is ``pts``; -1 if none is."""
+        if pts is None:
+            return -1
+        k = int(np.searchsorted(self.key_pts, pts))
+        return k if k < len(self.key_pts) and self.key_pts[k] == pts else -1
+
+    def keyframe_before(self, position: int) -> int:
+        """Index (in key_pos) of the last keyframe at or before ``position``; -1 if none."""
+        return int(np.searchsorted(self.key_pos, position, side='right')) - 1
 
 
-def _frame_index(container, stream) -> _FrameIndex:
-    pts, keys = [], []
-    has_all = True
-    for packet in container.demux(stream):
-        if packet.size == 0:  # flush packet or an empty (dropped-frame) AVI chunk
-            continue
-        if packet.pts is None:
-            has_all = False
-            pts.append(0)
-            continue
-        pts.append(packet.pts)
-        if packet.is_keyframe:
-            keys.append(packet.pts)
-    container.seek(0, stream=stream)  # rewind for decoding (seek also flushes the decoder)
-    if not has_all or len(set(pts)) != len(pts):
-        return _FrameIndex(None, [], len(pts))
-    keys.sort()
-    return _FrameIndex(np.sort(np.asarray(pts, dtype=np.int64)), keys, len(pts))
+def _scan_packets(container, stream):
+    """(pts, dts, keyframe flags, shown flags) of the video packets in decode order,
+    the number of empty (dropped frame) AVI chunks, and whether the data broke off (a corrupt or truncated
+    packet, a read error): the packets up to the break."""
+    av = _av()
+    pts, dts, keys, shown = [], [], [], []
+    empty, broken = 0, False
+    try:
+        for packet in container.demux(stream):
+            if packet.is_corrupt:
+                broken = True
+                break
+            if packet.size == 0:  # an empty AVI chunk, or the flush packet at the end
+                empty += packet.dts is not None
+                continue
+            pts.append(packet.pts)
+            dts.append(packet.dts)
+            keys.append(packet.is_keyframe)
+            shown.append(not packet.is_discard)
+    except av.FFmpegError:
+        broken = True
+    return pts, dts, keys, shown, empty, broken
+
+
+def _header_duration(container, stream) -> float | None:
+    """The video's duration in seconds as the file's header states it, None if it
+    states none: the stream's DURATION tag (Matroska/WebM writers store it) or the
+    FLV/ASF header's duration (other formats' durations are estimated from the
+    file's end or bit rate, which says nothing about a cut)."""
+    text = stream.metadata.get('DURATION')
+    if text:
+        try:
+            h, m, s = text.split(':')
+            return int(h) * 3600 + int(m) * 60 + float(s)
+        except ValueError:
+            return None
+    if set(container.format.name.split(',')) & {'flv', 'asf'} and container.duration:
+        return container.duration / 1e6
+    return None
+
+
+def _ogg_unfinished(container) -> bool:
+    """An Ogg file whose last page lacks the end-of-stream flag was cut (its header
+    holds no length to compare with)."""
+    if 'ogg' not in container.format.name.split(','):
+        return False
+    try:
+        with open(container.name, 'rb') as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            tail = f.read()
+    except OSError:
+        return False
+    page = tail.rfind(b'OggS')
+    return page >= 0 and len(tail) > page + 5 and not tail[page + 5] & 0x04
+
+
+def _looks_cut(container, stream, n_packets: int, sorted_pts: np.ndarray | None) -> bool:
+    """The header promises more than the file holds: more frames (AVI, MP4 sample
+    tables) or a longer duration (Matroska, FLV, ASF) than the packets found, or an
+    Ogg stream without its last page."""
+    if stream.frames > 0:
+        return n_packets < stream.frames
+    duration = _header_duration(container, stream)
+    if duration is None or sorted_pts is None or len(sorted_pts) < 2 or stream.time_base is None:
+        return _ogg_unfinished(container)
+    tb = float(stream.time_base)
+    step = float(np.median(np.diff(sorted_pts))) * tb
+    end = float(sorted_pts[-1]) * tb + step - (float(stream.start_time or 0) * tb)
+    # audio may outlast the video a little in a FLV/ASF header's duration
+    return end < duration - 1.5 * step - (0.02 * duration if 'DURATION' not in stream.metadata else 0)
+
+
+def scan_frame_index(container, stream) -> FrameIndex:
+    """The FrameIndex of an open video (demuxes every packet; leaves the demuxer at the end)."""
+    pts, dts, keys, shown, empty, broken = _scan_packets(container, stream)
+    timed = None not in pts and len(set(pts)) == len(pts)
+    shown_pts = np.sort(np.asarray(pts, np.int64)[np.asarray(shown, bool)]) if timed else None
+    truncated = broken or _looks_cut(container, stream, len(pts) + empty, shown_pts)
+    if truncated:
+        # Whole GOPs only: frames before the last keyframe (in decode order) are all
+        # there; of the last GOP some may be missing, and which cannot be told.
+        last_key = max((i for i, k in enumerate(keys) if k), default=0)
+        pts, dts, keys, shown = pts[:last_key], dts[:last_key], keys[:last_key], shown[:last_key]
+    expected = int(stream.frames) if stream.frames > 0 else None
+    if not timed:
+        none = np.zeros(0, np.int64)
+        return FrameIndex(None, none.astype(np.int32), none, none, sum(shown), truncated, expected)
+    return _timed_index(pts, dts, keys, shown, container.format.name == 'avi', truncated,
+                        expected)
+
+
+def _timed_index(pts, dts, keys, shown, by_dts: bool, truncated: bool,
+                 expected: int | None) -> FrameIndex:
+    """Positions are the ranks of the shown packets' timestamps; packets an edit list
+    discards (an MP4 cut by stream copy) are decoded but not shown, so they have none.
+    A keyframe's position is that of the first shown frame at or after it."""
+    pts_array = np.asarray(pts, np.int64)
+    frame_pts = np.sort(pts_array[np.asarray(shown, bool)])
+    key_at = np.flatnonzero(np.asarray(keys, bool))
+    key_at = key_at[np.argsort(pts_array[key_at], kind='stable')]
+    seek = [dts[i] if by_dts and dts[i] is not None else pts[i] for i in key_at]
+    return FrameIndex(frame_pts, np.searchsorted(frame_pts, pts_array[key_at]).astype(np.int32),
+                      pts_array[key_at], np.asarray(seek, np.int64).reshape(-1), len(frame_pts),
+                      truncated, expected)
 
 
 def container_frames(path) -> int | None:
@@ -203,15 +322,19 @@ def container_frames(path) -> int | None:
 def count_frames(path, exact: bool = False) -> tuple[int, str]:
     """(frame count, how it was measured: 'container' or 'decoded').
 
-    MP4/MOV headers count the coded frames exactly; AVI indexes may list
-    dropped (empty) frames and WebM/MKV give no count, so those (and
-    ``exact=True``) are counted by decoding every frame."""
+    MP4/MOV sample tables list the coded frames exactly (those an edit list hides
+    are not counted: they are never shown); AVI indexes may list dropped (empty)
+    frames and WebM/MKV give no count, so those (and ``exact=True``) are counted
+    by decoding every frame."""
     path = os.fspath(path)
     av = _av()
     with _open(path) as container:
         stream = container.streams.video[0]
         formats = set(container.format.name.split(','))
         if not exact and stream.frames > 0 and formats & set(EXACT_COUNT_FORMATS):
+            entries = stream.index_entries
+            if len(entries) == stream.frames:
+                return sum(not e.is_discard for e in entries), 'container'
             return int(stream.frames), 'container'
         _set_threads(stream, 0)
         n = 0
@@ -222,6 +345,135 @@ def count_frames(path, exact: bool = False) -> tuple[int, str]:
             raise DataError(f'video file {path}: decoding failed after {n} frames ({e}): '
                             f'{_REENCODE}') from None
         return n, 'decoded'
+
+
+# ----------------------------------------------------------------------------- clip loading
+
+class _OpenVideo:
+    """An open container, its video stream and FrameIndex (scanned on open unless given)."""
+
+    def __init__(self, path: str, threads: int, index: FrameIndex | None = None):
+        self.path, self.threads = path, threads
+        self._open_container()
+        if index is None:
+            index = scan_frame_index(self.container, self.stream)
+        self.index = index
+
+    def _open_container(self):
+        self.container = _open(self.path)
+        self.stream = self.container.streams.video[0]
+        _set_threads(self.stream, self.threads)
+
+    def reopen(self):
+        """Back to the true start of the file (a seek there is not always possible)."""
+        self.container.close()
+        self._open_container()
+
+    def close(self):
+        self.container.close()
+
+
+def _first_keyframe_packet(packets):
+    for packet in packets:
+        if packet.size and packet.is_keyframe and not packet.is_corrupt:
+            return packet
+    return None
+
+
+def _land(video: _OpenVideo, k: int, attempts: int = 3):
+    """Seek so that decoding starts at keyframe ``k`` or before it: -> (the keyframe
+    packet decoding starts from or None, the demuxer's packet iterator).  A seek that
+    lands after keyframe k (a demuxer that seeks by other timestamps than the index
+    holds) steps back one keyframe, and so does one whose first packet is not a
+    keyframe of the index (MPEG program streams: after a seek the parser gives a
+    picture the timestamp of the one before); at last the file is reopened at its
+    true start."""
+    index, av = video.index, _av()
+    while k >= 0 and attempts > 0:
+        attempts -= 1
+        try:
+            video.container.seek(int(index.key_seek[k]), stream=video.stream, backward=True)
+            packets = video.container.demux(video.stream)
+            landed = _first_keyframe_packet(packets)
+        except av.FFmpegError:
+            landed = None
+        if landed is not None and 0 <= index.keyframe_at(landed.pts) <= k:
+            return landed, packets
+        k -= 1
+    video.reopen()
+    packets = video.container.demux(video.stream)
+    return _first_keyframe_packet(packets), packets
+
+
+def _trusted_frames(video: _OpenVideo, k: int) -> Iterator[tuple[int, object]]:
+    """(position, frame) of the frames decoded from keyframe ``k`` (or one before it),
+    in display order.  Frames shown before the keyframe decoding started from (the
+    leading pictures of an open GOP: their references were not decoded), frames of
+    corrupt packets and frames whose timestamp the index does not hold are left out."""
+    landed, packets = _land(video, k)
+    if landed is None:
+        return
+    start, corrupt, index = landed.pts, set(), video.index
+    for packet in itertools.chain([landed], packets):
+        if packet.is_corrupt:
+            corrupt.add(packet.pts)
+        for frame in packet.decode():
+            if frame.pts is None or frame.pts < start or frame.is_corrupt or frame.pts in corrupt:
+                continue
+            p = index.position(frame.pts)
+            if p >= 0:
+                yield p, frame
+
+
+def _counted_frames(video: _OpenVideo, k: int) -> Iterator[tuple[int, object]]:
+    """Without timestamps: every frame from the true start, numbered in output order."""
+    video.reopen()
+    for p, frame in enumerate(video.container.decode(video.stream)):
+        if not frame.is_corrupt:
+            yield p, frame
+
+
+def _decode_positions(video: _OpenVideo, uniq: list[int], convert: tuple,
+                      stats: dict) -> dict[int, np.ndarray]:
+    """{position: (H, W, 3) array} of the sorted distinct ``uniq`` positions that
+    decode (a position missing from the result did not); ``convert``: (short_side,
+    reformatter).  Each stretch of positions is decoded from the keyframe before it;
+    a later stretch past another keyframe is reached by seeking forward.  Counts the
+    frames decoded in ``stats['decoded']``."""
+    index = video.index
+    frames_from = _trusted_frames if index.pts is not None else _counted_frames
+    out: dict[int, np.ndarray] = {}
+    i = 0
+    while i < len(uniq):
+        k = index.keyframe_before(uniq[i])
+        for p, frame in frames_from(video, k):
+            stats['decoded'] = stats.get('decoded', 0) + 1
+            while i < len(uniq) and uniq[i] < p:  # not given by the decoder: missing
+                i += 1
+            if i < len(uniq) and uniq[i] == p:
+                out[p] = _to_array(frame, *convert)
+                i += 1
+            if i == len(uniq) or index.pts is None:
+                if i == len(uniq):
+                    break
+                continue
+            if index.keyframe_before(uniq[i]) > max(k, index.keyframe_before(p)):
+                break  # seeking forward skips the frames in between
+        else:
+            break  # the end of the stream: the rest are missing
+    return out
+
+
+def _missing_error(path: str, index: FrameIndex, missing: list[int]) -> DataError:
+    shown = ', '.join(map(str, missing[:8])) + (f' and {len(missing) - 8} more'
+                                                 if len(missing) > 8 else '')
+    if index.truncated:
+        total = f'{index.expected}' if index.expected else 'more'
+        return DataError(f'video file {path} is cut short (a truncated download?): it holds '
+                         f'{index.n_frames} whole frames of {total}; frames {shown} (0-based) '
+                         f'are missing: {_REENCODE}')
+    return DataError(f'video file {path}: frames {shown} (0-based) of {index.n_frames} could '
+                     f'not be decoded: {_REENCODE}')
 
 
 def _loop_pad(positions: list[int], n_frames: int) -> list[int]:
@@ -239,24 +491,35 @@ def _loop_pad(positions: list[int], n_frames: int) -> list[int]:
 
 class VideoClipLoader:
     """``loader(video_file, positions) -> uint8 (T, C, H, W)``: the ``--file_type
-    video`` loader.
+    video`` loader.  Every frame it returns is the frame asked for (position p is
+    the p-th frame in presentation order), or it raises a DataError naming the
+    video (tests/test_video_exact.py: a corpus of every container and codec).
 
     For each stretch of wanted positions it seeks to the keyframe at or before
-    the first one and decodes forward only up to the last one; far-apart
-    stretches (the clips of a validation video) are reached by seeking forward
-    when a keyframe lies between them, so a video is decoded at most once per
-    call.  Open containers and their frame indexes are kept per process in a
-    small LRU cache (inference windows hit the same video again).  Only wanted
-    frames are converted to RGB, resized by FFmpeg to ``short_side`` if given.
-    ``threads``: decoder threads; None = one inside DataLoader workers (the
-    workers are the parallelism), one per core in the main process.
+    the first one, checks where the seek landed (stepping back when it landed
+    after it) and decodes forward only up to the last one; far-apart stretches
+    (the clips of a validation video) are reached by seeking forward when a
+    keyframe lies between them, so a video is decoded at most once per call.
+    Frames are matched to positions by their timestamps.  Positions past the
+    video's end are loop-padded as a short video's are, except in a video cut
+    short (then: DataError).  Only wanted frames are converted to RGB, resized by
+    FFmpeg to ``short_side`` if given.
+
+    The frame index comes from ``frame_table`` (a stored
+    :class:`datasets.video_index.FrameTable`: an open costs no demux pass) or, for
+    a video it does not hold or that changed since, from demuxing the file on
+    open.  Open containers are kept per process in a small LRU cache (inference
+    windows hit the same video again).  ``threads``: decoder threads; None = one
+    inside DataLoader workers (the workers are the parallelism), FFmpeg's choice
+    (one per core) in the main process.
     """
 
     def __init__(self, short_side: int | None = None, threads: int | None = None,
-                 max_open: int = 8):
+                 max_open: int = 8, frame_table=None):
         self.short_side = short_side
         self.threads = threads
         self.max_open = max_open
+        self.frame_table = frame_table
         self._open: OrderedDict = OrderedDict()
         self._pid = None
         self.stats: dict = {}  # 'decoded': frames decoded so far in this process
@@ -270,8 +533,8 @@ class VideoClipLoader:
         return state
 
     def close(self):
-        for container, _ in self._open.values():
-            container.close()
+        for video in self._open.values():
+            video.close()
         self._open.clear()
 
     def _threads(self) -> int:
@@ -279,94 +542,49 @@ class VideoClipLoader:
             return self.threads
         return 1 if torch.utils.data.get_worker_info() is not None else 0
 
-    def _get(self, path: str):
+    def _get(self, path: str) -> _OpenVideo:
         if self._pid != os.getpid():  # fresh process: never use a parent's handles
             self._open, self._pid, self._convert = OrderedDict(), os.getpid(), _reformatter()
-        entry = self._open.get(path)
-        if entry is not None:
+        video = self._open.get(path)
+        if video is not None:
             self._open.move_to_end(path)
-            return entry
-        container = _open(path)
-        stream = container.streams.video[0]
-        _set_threads(stream, self._threads())
-        entry = (container, _frame_index(container, stream))
-        self._open[path] = entry
+            return video
+        index = self.frame_table.get(path) if self.frame_table is not None else None
+        video = _OpenVideo(path, self._threads(), index)
+        self.stats['scanned' if index is None else 'stored'] = \
+            self.stats.get('scanned' if index is None else 'stored', 0) + 1
+        self._open[path] = video
         if len(self._open) > self.max_open:
-            self._open.popitem(last=False)[1][0].close()
-        return entry
+            self._open.popitem(last=False)[1].close()
+        return video
 
     def __call__(self, video_file, positions: Sequence[int]) -> torch.Tensor:
         path = os.fspath(video_file)
-        container, index = self._get(path)
+        video = self._get(path)
+        index = video.index
         if index.n_frames == 0:
+            if index.truncated:
+                raise _missing_error(path, index, sorted(set(int(p) for p in positions)))
             raise DataError(f'video file {path} has no frames: {_REENCODE}')
-        positions = _loop_pad([int(p) for p in positions], index.n_frames)
+        positions = [int(p) for p in positions]
+        if index.truncated:
+            past = sorted({p for p in positions if p >= index.n_frames})
+            if past:
+                raise _missing_error(path, index, past)
+        positions = _loop_pad(positions, index.n_frames)
         uniq = sorted(set(positions))
         try:
-            arrays = _decode_positions(container, index, uniq, (self.short_side, self._convert),
-                                       self.stats)
+            arrays = _decode_positions(video, uniq, (self.short_side, self._convert), self.stats)
         except _av().FFmpegError as e:
-            self._open.pop(path, (container,))[0].close()
+            self._open.pop(path, video).close()
             raise DataError(f'video file {path}: decoding failed ({e}): {_REENCODE}') from None
-        if len(arrays) < len(uniq):  # the decoder gave fewer frames than the index lists
-            if not arrays:
-                raise DataError(f'video file {path}: no frame could be decoded: {_REENCODE}')
-            got = sorted(arrays)
-            uniq_map = dict(zip(uniq, _loop_pad(uniq, got[-1] + 1)))
-            arrays = {p: arrays.get(q, arrays[got[-1]]) for p, q in uniq_map.items()}
-        where = {p: i for i, p in enumerate(uniq)}
+        if len(arrays) < len(uniq):
+            raise _missing_error(path, index, [p for p in uniq if p not in arrays])
         clip = _stack([arrays[p] for p in uniq])
-        if len(uniq) == len(positions) and uniq == positions:
+        if uniq == positions:
             return clip
+        where = {p: i for i, p in enumerate(uniq)}
         return clip[torch.tensor([where[p] for p in positions])]
-
-
-def _decode_positions(container, index: _FrameIndex, uniq: list[int], convert: tuple,
-                      stats: dict, seek: bool = True) -> dict[int, np.ndarray]:
-    """{position: (H, W, 3) array} of the sorted distinct ``uniq`` positions;
-    ``convert``: (short_side, reformatter); counts the frames decoded in
-    ``stats['decoded']``."""
-    stream = container.streams.video[0]
-    if index.pts is None:  # no timestamps: count frames from the start
-        return _decode_by_count(container, stream, uniq, convert)
-    wanted = {int(index.pts[p]): p for p in uniq}
-    out: dict[int, np.ndarray] = {}
-    frames, cursor = None, None  # decode generator, pts of the last decoded frame
-    for target in sorted(wanted):
-        if wanted[target] in out:
-            continue
-        k = bisect.bisect_right(index.keyframes, target) - 1
-        keyframe = index.keyframes[k] if k >= 0 and seek else int(index.pts[0])
-        if frames is None or (seek and (cursor is None or keyframe > cursor)):
-            container.seek(keyframe, stream=stream, backward=True, any_frame=False)
-            frames, cursor = container.decode(stream), None
-        for frame in frames:
-            cursor = frame.pts
-            stats['decoded'] = stats.get('decoded', 0) + 1
-            p = wanted.get(frame.pts)
-            if p is not None:
-                out[p] = _to_array(frame, *convert)
-            if frame.pts is None or frame.pts >= target:
-                break
-        else:
-            frames = None
-    if len(out) < len(uniq) and seek:
-        # a seek landed after a wanted frame (a container with a poor index):
-        # decode from the start instead
-        return _decode_positions(container, index, uniq, convert, stats, seek=False)
-    return out
-
-
-def _decode_by_count(container, stream, uniq: list[int], convert) -> dict[int, np.ndarray]:
-    container.seek(0, stream=stream)
-    want = set(uniq)
-    out = {}
-    for i, frame in enumerate(container.decode(stream)):
-        if i in want:
-            out[i] = _to_array(frame, *convert)
-        if i >= uniq[-1]:
-            break
-    return out
 
 
 def read_video(path, positions: Sequence[int] | None = None, short_side: int | None = None,

@@ -194,8 +194,9 @@ def test_train_validate_infer_from_video_files(synthetic_videos, tmp_path):
 
 
 def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
-    """A damaged tail: the demuxer lists 40 frames but the decoder stops early;
-    the missing ones are loop-padded like a short video, never a crash."""
+    """A damaged tail: the demuxer lists 40 frames but the decoder stops early; the
+    clip fails naming the video and the frames, never filled with other frames
+    (it was loop-padded before: frames [33, 34, 33, 34, 33, 34] for 33..38)."""
     import datasets.video as video
     real = video._decode_positions
 
@@ -203,8 +204,7 @@ def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
         return {p: a for p, a in real(*args, **kwargs).items() if p < 35}
 
     monkeypatch.setattr(video, '_decode_positions', stops_at_35)
-    clip = VideoClipLoader()(video40, list(range(33, 39)))
-    assert red_levels(clip) == [33, 34, 33, 34, 33, 34]
-    monkeypatch.setattr(video, '_decode_positions', lambda *a, **k: {})
-    with pytest.raises(DataError, match='no frame could be decoded'):
-        VideoClipLoader()(video40, [3])
+    with pytest.raises(DataError, match=rf'{video40.name}: frames 35, 36, 37, 38 \(0-based\) of 40 '
+                                        r'could not be decoded'):
+        VideoClipLoader()(video40, list(range(33, 39)))
+    assert red_levels(VideoClipLoader()(video40, [30, 34])) == [30, 34]

@@ -72,3 +72,101 @@ def videos_from_jpgs(jpg_root, dst_root, ext: str = '.mp4', fps: int = 25,
         write_video(dst_root / folder.parent.name / f'{folder.name}{suffix}', width=width,
                     height=height, fps=fps, gop=6, images=images)
     return dst_root
+
+
+# ----------------------------------------------------------------------------- frame-exact corpus
+# Each frame carries its index as a 16-bit binary code: a 4x4 grid of 16x16 black
+# or white blocks (bit b is block b, row-major), which survives any lossy codec.
+CODE_BLOCK = 16
+CODE_SIZE = 64  # frames are CODE_SIZE x CODE_SIZE (SVT-AV1 needs at least 64)
+
+# name -> (file suffix, FFmpeg encoder, its options, keyframe interval set on the codec
+# context or None, muxer or None for the suffix's).  The corpus of the frame-exactness
+# test (tests/test_video_exact.py): the codecs of the issue, then one file for every
+# other extension the loader accepts (datasets.video.VIDEO_EXTENSIONS).
+CORPUS = {
+    'mpeg4_avi_g3': ('.avi', 'mpeg4', {'bf': '0'}, 3, None),
+    'mpeg4_avi_g3_bframes': ('.avi', 'mpeg4', {'bf': '2'}, 3, None),
+    'mpeg4_avi_g12': ('.avi', 'mpeg4', {'bf': '0'}, 12, None),
+    'mpeg4_avi_g12_bframes': ('.avi', 'mpeg4', {'bf': '2'}, 12, None),
+    'mjpeg_avi': ('.avi', 'mjpeg', {}, None, None),
+    'h264_mp4_default_gop': ('.mp4', 'libx264', {'crf': '18'}, None, None),
+    'h264_mp4_g16': ('.mp4', 'libx264', {'crf': '18', 'g': '16'}, None, None),
+    'hevc_mkv': ('.mkv', 'libx265', {'crf': '18', 'x265-params': 'log-level=none:keyint=20'},
+                 None, None),
+    'vp9_webm': ('.webm', 'libvpx-vp9', {'crf': '20', 'b': '0', 'g': '15',
+                                         'deadline': 'realtime', 'cpu-used': '8'}, None, None),
+    'av1_mp4': ('.mp4', 'libsvtav1', {'crf': '30', 'g': '24', 'preset': '12',
+                                      'svtav1-params': 'lp=1'}, None, None),
+    'h264_mov': ('.mov', 'libx264', {'crf': '18', 'g': '10'}, None, None),
+    'h264_m4v': ('.m4v', 'libx264', {'crf': '18', 'g': '10'}, None, 'ipod'),
+    'flv1_flv': ('.flv', 'flv', {}, 10, None),
+    'mpeg2_mpg': ('.mpg', 'mpeg2video', {'bf': '2'}, 12, None),
+    'mpeg1_mpeg': ('.mpeg', 'mpeg1video', {'bf': '2'}, 12, 'mpeg'),
+    'mpeg4_3gp': ('.3gp', 'mpeg4', {'bf': '2'}, 10, None),
+    'wmv2_wmv': ('.wmv', 'wmv2', {}, 10, None),
+    'vp8_ogv': ('.ogv', 'libvpx', {'g': '10'}, None, None),  # the wheel has no Theora encoder
+}
+
+
+def code_image(i: int, size: int = CODE_SIZE) -> np.ndarray:
+    """(size, size, 3) uint8 frame showing ``i`` (< 65536) as 16 black/white blocks,
+    on a mid-grey background with a moving dot (so that frames differ in content too)."""
+    img = np.full((size, size, 3), 128, np.uint8)
+    for bit in range(16):
+        r, c = divmod(bit, 4)
+        img[r * CODE_BLOCK:(r + 1) * CODE_BLOCK, c * CODE_BLOCK:(c + 1) * CODE_BLOCK] = \
+            255 if (i >> bit) & 1 else 0
+    return img
+
+
+def read_code(image) -> int:
+    """The index code_image drew into an (H, W, 3) array (block means > 128: 1)."""
+    a = np.asarray(image).astype(np.float32).mean(axis=2)
+    value = 0
+    for bit in range(16):
+        r, c = divmod(bit, 4)
+        block = a[r * CODE_BLOCK + 4:(r + 1) * CODE_BLOCK - 4, c * CODE_BLOCK + 4:(c + 1) * CODE_BLOCK - 4]
+        value |= int(block.mean() > 128) << bit
+    return value
+
+
+def clip_codes(clip) -> list[int]:
+    """Frame indices read from a uint8 (T, C, H, W) clip of code_image frames."""
+    return [read_code(f.permute(1, 2, 0).numpy()) for f in clip]
+
+
+def write_coded_video(path, codec: str, n_frames: int, options: dict | None = None,
+                      gop: int | None = None, fmt: str | None = None, fps: int = 25,
+                      mux_options: dict | None = None, first_pts: int = 0) -> Path:
+    """``n_frames`` code_image frames encoded with ``codec`` (FFmpeg encoder name) and
+    its ``options``; ``gop``: the keyframe interval set on the codec context; ``fmt``:
+    the muxer (None: the one FFmpeg picks for the suffix) and its ``mux_options``.
+    ``first_pts`` < 0: the first frames get negative timestamps, which the MP4 muxer
+    hides behind an edit list (as a cut by stream copy does)."""
+    import fractions
+
+    import av
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), 'w', format=fmt, options=mux_options) as container:
+        stream = container.add_stream(codec, rate=fps, options=dict(options or {}))
+        stream.width = stream.height = CODE_SIZE
+        stream.pix_fmt = 'yuvj420p' if codec == 'mjpeg' else 'yuv420p'
+        if gop is not None:
+            stream.codec_context.gop_size = gop
+        if codec in ('mpeg4', 'mjpeg', 'flv', 'mpeg2video', 'mpeg1video', 'wmv2'):
+            stream.bit_rate = 2_000_000
+        time_base = fractions.Fraction(1, fps)
+        stream.codec_context.time_base = time_base
+        for i in range(n_frames):
+            frame = av.VideoFrame.from_ndarray(code_image(i), format='rgb24')
+            frame.pts, frame.time_base = first_pts + i, time_base
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def write_corpus_video(folder, name: str, n_frames: int) -> Path:
+    suffix, codec, options, gop, fmt = CORPUS[name]
+    return write_coded_video(Path(folder) / f'{name}{suffix}', codec, n_frames, options, gop, fmt)
