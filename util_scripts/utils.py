@@ -162,7 +162,7 @@ PROBLEMS = {
     'empty': 'without frames, skipped',
     'unreadable': "unreadable or without a 'video' dataset, skipped",
     'gap': 'with a missing frame, segment cut before the gap',
-    'undecodable': 'video files that cannot be decoded, skipped',
+    'undecodable': 'that cannot be decoded, skipped',
 }
 VIDEO_TYPES = ('jpg', 'hdf5', 'video')
 
