@@ -61,6 +61,10 @@ def build_parser():
          help='Annotation JSON file')
     _add(g, '--result_path', default=None, type=Path,
          help='Output folder (created if missing)')
+    _add(g, '--opts_file', default=None, type=Path,
+         help='opts.json of an earlier run: every option as that run was given it, the '
+              'command line on top (--resume_path, --auto_resume and --overwrite are not '
+              'carried over)')
 
     g = p.add_argument_group('data')
     _add(g, '--dataset', default='kinetics', type=str,
@@ -268,10 +272,12 @@ def build_parser():
     return p
 
 
+PATH_OPTIONS = ('video_path', 'annotation_path', 'result_path', 'resume_path', 'pretrain_path')
+
+
 def _resolve_paths(opt):
-    names = ['video_path', 'annotation_path', 'result_path', 'resume_path', 'pretrain_path']
     if opt.root_path is not None:
-        for name in names:
+        for name in PATH_OPTIONS:
             value = getattr(opt, name)
             if value is not None:
                 setattr(opt, name, opt.root_path / value)
@@ -333,12 +339,52 @@ def _check_recipe(opt):
         _fail('--clip_grad_norm and --precise_bn must be >= 0 (0: off)')
 
 
+# Not taken from --opts_file: what only meant something to the earlier run, and
+# the values parse_opts derives (recomputed from the others).
+NOT_CARRIED = ('resume_path', 'auto_resume', 'overwrite', 'opts_file', 'local_rank')
+DERIVED = ('arch', 'n_input_channels', 'run')
+
+
+def read_opts_file(path, parser):
+    """The options an opts.json holds, as parser defaults: the values as that run
+    was given them (root_path taken off the joined paths, an inference batch size
+    equal to the batch size back to 0, which follows --batch_size)."""
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+    except OSError as e:
+        _fail(f'--opts_file {path} cannot be read ({e.strerror}): give the opts.json of a run')
+    except json.JSONDecodeError as e:
+        _fail(f'--opts_file {path} is not valid JSON ({e}): give the opts.json of a run')
+    if not isinstance(stored, dict):
+        _fail(f'--opts_file {path} holds no options object: give the opts.json of a run')
+    known = vars(parser.parse_args([]))
+    unknown = sorted(set(stored) - set(known) - set(DERIVED))
+    if unknown:
+        print(f'note: --opts_file {path}: {", ".join(unknown)} ignored (no such option now)',
+              file=sys.stderr)
+    values = {k: v for k, v in stored.items() if k in known and k not in NOT_CARRIED}
+    root = values.get('root_path')
+    for name in PATH_OPTIONS:
+        if root is not None and values.get(name) is not None:
+            value = Path(values[name])
+            if value.is_relative_to(root):
+                values[name] = str(value.relative_to(root))
+    if values.get('inference_batch_size') == values.get('batch_size'):
+        values['inference_batch_size'] = 0
+    return values
+
+
 def parse_opts(argv=None):
     parser = build_parser()
     opt = parser.parse_args(argv)
+    from_file = read_opts_file(opt.opts_file, parser) if opt.opts_file is not None else {}
+    if from_file:
+        parser.set_defaults(**from_file)
+        opt = parser.parse_args(argv)
     if opt.dataset == 'synthetic':
-        # Re-parse so that options the user gave still win over the presets.
-        parser.set_defaults(**SYNTHETIC_DEFAULTS)
+        # Re-parse so that options the user gave (and an opts file) win over the presets.
+        parser.set_defaults(**{**SYNTHETIC_DEFAULTS, **from_file})
         opt = parser.parse_args(argv)
     _resolve_paths(opt)
     _check(opt)
