@@ -1,30 +1,39 @@
-"""Classify your own videos with a trained checkpoint.
+"""Classify your own videos with a trained checkpoint (or an exported .onnx file).
 
     python predict.py results/demo/save_15.pth my_video.mp4
     python predict.py results/demo/save_15.pth folder_of_videos --topk 3 --json
+    python predict.py results/demo/save_15.pth data_root --annotation_path own.json
+    python predict.py results/demo/save_15.pth long.mp4 --timeline t.png --output_video out.mp4
 
 VIDEO_OR_FOLDER is one video -- a video file (.mp4, .avi, .webm, .mkv), a
 folder of frames (image_00001.jpg, ...) or an hdf5 file -- or a folder of
-them. The architecture, the input settings and the class names come from the
-checkpoint; the views are those of --inference (--n_clips clips evenly spread
-over each video, or a sliding window with --stride, times --crop crops) and
-the video's score is the mean of their softmax.
+them, searched recursively (a data set root with class folders). The
+architecture, the input settings and the class names come from the checkpoint;
+the views are those of --inference (--n_clips clips evenly spread over each
+video, or a sliding window with --stride, times --crop crops) and the video's
+score is the mean of their softmax. A video that cannot be read is reported
+and skipped; the others are classified, and the run ends with the list of
+failures and exit status 1. With true labels (--annotation_path, or class
+folders named like the checkpoint's classes) it also prints the accuracy.
 """
 import argparse
 import json
 import os
+import re
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+from tqdm import tqdm
 
-from dataset import VideoDataLoader
 from datasets.annotation import DataError, VideoRecord, load_class_names
 from datasets.loader import make_loader
 from datasets.spatial_transforms import EVAL_CROPS, build_eval_transform, get_mean_std
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop
-from datasets.videodataset import VideoWindowDataset
+from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name, generate_model, load_state_dict_checked
 from opts import OptionError, build_parser
@@ -32,13 +41,16 @@ from utils.checkpoint import CheckpointError, load_checkpoint
 from utils.ema import inference_state_dict
 
 HDF5_SUFFIXES = ('.hdf5', '.h5')
+# The data sets' hints are for training; predict skips the video anyway.
+TRAINING_HINT = re.compile(r',? or remove (it|the entry|their entries) from the annotation file')
 
 
 @dataclass(frozen=True)
 class VideoInput:
-    video_id: str  # the file or folder name without extension
+    video_id: str  # the file or folder name without extension (with its folders if not unique)
     path: str
     kind: str  # 'jpg', 'hdf5' or 'video'
+    folder: str | None = None  # the folder it sits in under the folder searched (its class?)
 
 
 def _is_frame_folder(path):
@@ -55,29 +67,59 @@ def _kind(path):
     return 'video' if suffix in video_suffixes() else None
 
 
+def _name(path, kind):
+    return path.name if kind == 'jpg' else path.stem
+
+
+def _walk(folder):
+    """(path, kind) of the videos under folder, sorted, depth first; a frame
+    folder is one video, other folders are searched."""
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith('.'):  # also macOS '._x.mp4' resource forks
+            continue
+        kind = _kind(path)
+        if kind is not None:
+            yield path, kind
+        elif path.is_dir():
+            yield from _walk(path)
+
+
 def find_inputs(path):
-    """The videos at ``path``: itself if it is one, else the videos directly in
-    it (sorted by name)."""
+    """The videos at ``path``: itself if it is one, else the videos in it and
+    in its subfolders (sorted by path)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f'{path} does not exist: give a video file, a frame folder, an hdf5 '
                         f'file or a folder of them')
     kind = _kind(path)
     if kind is not None:
-        return [VideoInput(path.stem if kind != 'jpg' else path.name, str(path), kind)]
+        return [VideoInput(_name(path, kind), str(path), kind)]
     if not path.is_dir():
         raise DataError(f'{path} is not a video this tool reads (a {", ".join(video_suffixes())}'
                         f' file, a folder of image_NNNNN.jpg frames or a .hdf5 file)')
-    found = [VideoInput(p.stem if p.is_file() else p.name, str(p), k)
-             for p in sorted(path.iterdir()) if (k := _kind(p)) is not None]
+    found = list(_walk(path))
     if not found:
-        raise DataError(f'{path} holds no video (video files, frame folders or hdf5 files)')
-    ids = [v.video_id for v in found]
-    twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise DataError(f'{path} holds no video (video files, frame folders or hdf5 files), '
+                        f'nor do its subfolders')
+    return _named(path, found)
+
+
+def _named(root, found):
+    """VideoInputs whose ids are the names, or the paths under root (without
+    extension) where a name occurs twice (as folder_json keys them)."""
+    rel = [(p.relative_to(root).parent / _name(p, k)).as_posix() for p, k in found]
+    twice = sorted(i for i, n in Counter(rel).items() if n > 1)
     if twice:
-        raise DataError(f'{path} holds two videos named {twice[0]!r} (e.g. a file and a '
+        raise DataError(f'{root} holds two videos named {twice[0]!r} (e.g. a file and a '
                         f'frame folder): video ids must be unique')
-    return found
+    names = [_name(p, k) for p, k in found]
+    count = Counter(names)
+    inputs = []
+    for (p, k), path_id, name in zip(found, rel, names):
+        parent = p.relative_to(root).parent
+        inputs.append(VideoInput(name if count[name] == 1 else path_id, str(p), k,
+                                 parent.name if parent != Path('.') else None))
+    return inputs
 
 
 def video_suffixes():
@@ -159,9 +201,28 @@ def load_trained_model(path, annotation_path=None, device='cpu', weights='raw'):
         raise OptionError(f'{path} has {options.n_classes} classes but {len(class_names)} '
                           f'class names were found: check --annotation_path')
     model = generate_model(options)
-    state_dict = inference_state_dict(checkpoint, weights, f'checkpoint {path}')
+    state_dict = inference_state_dict(checkpoint, weights, f'checkpoint {path}', '--weights')
     load_state_dict_checked(model, state_dict, f'checkpoint {path}', options)
     return model.to(device).eval(), options, class_names
+
+
+def load_model(path, annotation_path, device, weights):
+    """(network, options, class names, device) of a checkpoint, or of an .onnx
+    file written by util_scripts.export (run by onnxruntime on the CPU)."""
+    if Path(path).suffix != '.onnx':
+        return (*load_trained_model(path, annotation_path, device, weights), device)
+    if weights != 'raw':
+        raise OptionError(f'{path} holds the weights it was exported with (export --weights): '
+                          f'leave --weights out')
+    from util_scripts.export import OnnxClassifier
+    model = OnnxClassifier(path)
+    class_names = model.class_names
+    if annotation_path is not None:
+        class_names = load_class_names(annotation_path)
+        if len(class_names) != len(model.class_names):
+            raise OptionError(f'{path} has {len(model.class_names)} classes but '
+                              f'{annotation_path} {len(class_names)}: check --annotation_path')
+    return model, model.options, class_names, torch.device('cpu')
 
 
 def view_transforms(options, n_clips, stride, crop):
@@ -177,51 +238,250 @@ def view_transforms(options, n_clips, stride, crop):
     return temporal, spatial
 
 
-def build_dataset(videos, options, n_clips, stride, crop):
+def predict_hint(message):
+    return TRAINING_HINT.sub('', message)
+
+
+def measure_videos(videos, failures, progress=False):
+    """VideoRecords of the videos whose frames can be counted; the others go
+    to ``failures`` ({video_id: message})."""
     records = []
-    for v in videos:
-        n = frame_count(v)
+    for v in tqdm(videos, desc='counting frames', unit='video', file=sys.stderr,
+                  disable=not progress, leave=False, dynamic_ncols=True):
+        try:
+            n = frame_count(v)
+        except DataError as e:
+            failures[v.video_id] = predict_hint(str(e))
+            continue
+        except OSError as e:
+            failures[v.video_id] = f'{v.path} cannot be read ({e.strerror or e})'
+            continue
         if n < 1:
-            raise DataError(f'{v.path} has no frames')
+            failures[v.video_id] = f'{v.path} has no frames'
+            continue
         records.append(VideoRecord(v.video_id, v.path, 0, n, -1, (0, n)))
+    return records
+
+
+def build_dataset(records, videos, options, n_clips, stride, crop):
     temporal, spatial = view_transforms(options, n_clips, stride, crop)
     loader = InputLoader({v.path: v.kind for v in videos}, options.input_type)
     return VideoWindowDataset(records, loader, temporal, spatial)
 
 
-def predict(dataset, model, class_names, device, args, feature_module=None):
-    """{video_id: [{label, score}]}, {video_id: views} and, with a feature
-    module, {video_id: mean pooled feature}."""
-    n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
-    # VideoDataLoader: a bad video in a worker is one DataError naming it
-    loader = VideoDataLoader(dataset, batch_size=max(1, args.batch_size // n_crops),
-                             num_workers=args.n_threads)
-    scores = ViewScores()
-    for batch in score_views(loader, model, device, feature_module=feature_module):
-        scores.add(*batch)
-    ids = [r.video_id for r in dataset.records]
-    results = {ids[v]: topk_entries(scores.mean(v), class_names, args.topk)
-               for v in range(len(ids))}
-    views = {ids[v]: scores.counts[v] for v in range(len(ids))}
-    features = {ids[v]: scores.mean_features(v) for v in range(len(ids))} \
-        if feature_module is not None else None
-    return results, views, features
+@dataclass(frozen=True)
+class FailedView:
+    video: int  # index of its record
+    message: str
 
+
+class SkippingWindows(Dataset):
+    """The views of a VideoWindowDataset; one that cannot be loaded becomes a
+    FailedView naming its video, so that the other videos go on."""
+
+    def __init__(self, windows):
+        self.windows = windows
+
+    def __len__(self):
+        return len(self.windows)
+
+    def __getitem__(self, i):
+        try:
+            item = self.windows[i]
+        except DataError as e:  # in the main process (n_threads 0)
+            item = BadVideo(str(e))
+        if isinstance(item, BadVideo):  # a worker's DataError
+            return FailedView(int(self.windows.video_of_item[i]), item.message)
+        return item
+
+
+def collate_views(items):
+    """(the loaded views collated, or None; the FailedViews)."""
+    good = [item for item in items if not isinstance(item, FailedView)]
+    failed = [item for item in items if isinstance(item, FailedView)]
+    return (default_collate(good) if good else None), failed
+
+
+def _good_batches(loader, ids, failures, progress):
+    """The loader's batches of loaded views, under a progress bar over videos;
+    a failed view's video goes to ``failures``."""
+    with tqdm(total=len(ids), desc='classifying', unit='video', file=sys.stderr,
+              disable=not progress, dynamic_ncols=True) as bar:
+        for good, failed in loader:
+            for view in failed:
+                failures.setdefault(ids[view.video], predict_hint(view.message))
+            seen = [view.video for view in failed] + (good[1].tolist() if good else [])
+            bar.update(max(0, max(seen) - bar.n))  # videos before the last one seen are done
+            if good is not None:
+                yield good
+        bar.update(len(ids) - bar.n)
+
+
+def classify(dataset, model, device, args, failures, keep_views=False, feature_module=None):
+    """ViewScores over the data set's videos (batches cross videos)."""
+    n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
+    loader = DataLoader(SkippingWindows(dataset), batch_size=max(1, args.batch_size // n_crops),
+                        num_workers=args.n_threads, collate_fn=collate_views)
+    scores = ViewScores(keep_views=keep_views)
+    ids = [r.video_id for r in dataset.records]
+    batches = _good_batches(loader, ids, failures, not args.no_progress)
+    for batch in score_views(batches, model, device, feature_module=feature_module):
+        scores.add(*batch)
+    return scores
+
+
+@dataclass
+class Outcome:
+    results: dict  # video_id -> [{label, score}] (top-k)
+    views: dict  # video_id -> views averaged
+    ranked: dict  # video_id -> every label, best first
+    features: dict | None  # video_id -> mean pooled feature
+
+
+def outcome(scores, records, class_names, topk, failures, with_features=False):
+    """The results of the videos none of whose views failed."""
+    out = Outcome({}, {}, {}, {} if with_features else None)
+    for v, record in enumerate(records):
+        if record.video_id in failures or v not in scores.counts:
+            continue
+        mean = scores.mean(v)
+        out.results[record.video_id] = topk_entries(mean, class_names, topk)
+        out.views[record.video_id] = scores.counts[v]
+        out.ranked[record.video_id] = [class_names[i] for i in
+                                       mean.argsort(descending=True, stable=True).tolist()]
+        if with_features:
+            out.features[record.video_id] = scores.mean_features(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- true labels
+
+def annotation_labels(annotation_path):
+    """{video_id: label} of an annotation file's labelled entries (any subset)."""
+    with open(annotation_path) as f:
+        database = json.load(f).get('database') or {}
+    labels = {}
+    for video_id, entry in database.items():
+        annotations = (entry.get('annotations') or {}) if isinstance(entry, dict) else {}
+        if isinstance(annotations, list):  # ActivityNet: the first segment's class
+            annotations = annotations[0] if annotations else {}
+        if annotations.get('label') is not None:
+            labels[video_id] = annotations['label']
+    return labels
+
+
+def true_labels(videos, class_names, annotation_path=None):
+    """({video_id: label} of the videos whose class is known, a note or None):
+    from the annotation's entries (by id, or by name), else from the folder a
+    video sits in when it is named like one of the classes."""
+    if annotation_path is not None:
+        known = annotation_labels(annotation_path)
+        truth = {}
+        for v in videos:
+            label = known.get(v.video_id, known.get(v.video_id.rsplit('/', 1)[-1]))
+            if label is not None:
+                truth[v.video_id] = label
+        missing = len(videos) - len(truth)
+        return truth, (f'{missing} of {len(videos)} videos have no label in {annotation_path}: '
+                       f'not counted' if missing and truth else None)
+    names = set(class_names)
+    truth = {v.video_id: v.folder for v in videos if v.folder in names}
+    others = sorted({v.folder for v in videos if v.folder is not None and v.folder not in names})
+    note = None
+    if truth and others:
+        note = (f'{len(others)} folder(s) not named like a class of the checkpoint, their videos '
+                f'not counted: {", ".join(others[:5])}')
+    return truth, note
+
+
+def accuracy_lines(truth, ranked, class_names, failures):
+    """top-1, top-5 (skipped below 5 classes) and mean class accuracy over the
+    classified videos with a true label."""
+    from utils.metrics import evaluate_ranked
+    scored = {v: label for v, label in truth.items() if v in ranked}
+    if not scored:
+        return []
+    try:
+        evaluation = evaluate_ranked(scored, ranked, class_names, ignore=True, ks=(1, 5))
+    except ValueError as e:
+        raise OptionError(f'{e}: the true labels are not the checkpoint\'s classes') from None
+    unread = sum(v in failures for v in truth)
+    head = f'accuracy over the {len(scored)} classified videos with a true label' + (
+        f' ({unread} that could not be read not counted)' if unread else '') + ':'
+    return [head, *('  ' + line for line in evaluation.summary_lines())]
+
+
+# ----------------------------------------------------------------------------- one long video
+
+def frame_rate(video, fallback):
+    """A video file's frame rate; frame folders and hdf5 files do not say (fallback)."""
+    if video.kind == 'video':
+        import av
+        with av.open(video.path) as container:
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate
+        if rate:
+            return float(rate)
+    return fallback
+
+
+def write_window_outputs(args, video, record, scores, class_names, input_type):
+    """--timeline and --output_video of the one video classified."""
+    from utils.timeline import (
+        captions,
+        timeline_data,
+        window_scores,
+        write_labelled_video,
+        write_timeline,
+    )
+    windows = window_scores(scores.views[0])
+    fps = frame_rate(video, args.fps)
+    if args.timeline is not None:
+        write_timeline(args.timeline, timeline_data(video.video_id, windows, class_names, fps,
+                                                    args.topk))
+        print(f'timeline: {args.timeline} ({len(windows)} windows)', file=sys.stderr)
+    if args.output_video is not None:
+        if input_type != 'rgb':
+            raise OptionError('--output_video needs an RGB checkpoint (this one takes flow)')
+        loader = InputLoader({video.path: video.kind}, input_type)
+        n = record.n_frames
+        chunks = (loader(video.path, list(range(a, min(a + 64, n)))) for a in range(0, n, 64))
+        written = write_labelled_video(args.output_video, chunks,
+                                       captions(windows, class_names, n), fps)
+        print(f'labelled video: {args.output_video} ({written} frames at {fps:g} fps)',
+              file=sys.stderr)
+
+
+def window_stride(args, options):
+    """--stride, or with --timeline / --output_video and none given, the window's
+    span (windows side by side, each frame in one)."""
+    if args.stride or (args.timeline is None and args.output_video is None):
+        return args.stride
+    return options.sample_duration * options.sample_t_stride
+
+
+# ----------------------------------------------------------------------------- command line
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description='Classify videos with a trained checkpoint.')
-    p.add_argument('checkpoint', type=Path, help='save_<epoch>.pth written by main.py')
+    p = argparse.ArgumentParser(description='Classify videos with a trained checkpoint.',
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('checkpoint', type=Path,
+                   help='save_<epoch>.pth written by main.py, or an .onnx file written by '
+                        'util_scripts.export')
     p.add_argument('video', type=Path, metavar='VIDEO_OR_FOLDER',
-                   help='a video file, a frame folder, an hdf5 file, or a folder of them')
-    p.add_argument('--topk', type=int, default=5, help='classes printed per video')
+                   help='a video file, a frame folder, an hdf5 file, or a folder of them '
+                        '(searched recursively: a data set root with class folders)')
+    p.add_argument('--topk', type=int, default=5, help='classes printed per video (0: all)')
     p.add_argument('--json', action='store_true',
                    help='print the inference file\'s format: {"results": {video_id: '
-                        '[{"label", "score"}, ...]}, "views": {video_id: n}}')
+                        '[{"label", "score"}, ...]}, "views": {video_id: n}} (and "failed": '
+                        '{video_id: message} if a video could not be read)')
     p.add_argument('--n_clips', type=int, default=10,
                    help='clips evenly spread over each video (like --inference_n_clips)')
     p.add_argument('--stride', type=int, default=0,
                    help='sliding-window stride in frames instead of --n_clips '
-                        '(like --inference_stride); 0: use --n_clips')
+                        '(like --inference_stride); 0: use --n_clips (with --timeline or '
+                        '--output_video: windows side by side)')
     p.add_argument('--crop', default='center', choices=EVAL_CROPS,
                    help='spatial views (like --inference_crop)')
     p.add_argument('--batch_size', type=int, default=16, help='views per forward pass')
@@ -230,13 +490,27 @@ def parse_args(argv=None):
                    help='also write each video\'s pooled features (the classifier\'s input, '
                         'averaged over the views) to this HDF5 file')
     p.add_argument('--annotation_path', type=Path, default=None,
-                   help='class names for a checkpoint that does not store them')
+                   help='an annotation file: its videos\' labels are the true ones (top-1/top-5 '
+                        'are printed), and its class names serve a checkpoint without them')
+    p.add_argument('--timeline', type=Path, default=None, metavar='PATH.png|PATH.json',
+                   help='one video: the top classes\' scores over time, per sliding window')
+    p.add_argument('--output_video', type=Path, default=None, metavar='PATH.mp4',
+                   help='one video: write it with each window\'s top label and score drawn')
+    p.add_argument('--fps', type=float, default=25.0,
+                   help='frame rate of frame folders and hdf5 files, for --timeline\'s seconds '
+                        'and --output_video (video files give their own)')
     p.add_argument('--weights', default='raw', choices=['raw', 'ema'],
                    help='the trained weights, or their EMA (runs with --ema_decay)')
     p.add_argument('--no_cuda', action='store_true', help='run on the CPU')
+    p.add_argument('--no_progress', action='store_true', help='no progress bar (on stderr)')
     args = p.parse_args(argv)
-    if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1:
-        p.error('--n_clips and --batch_size must be at least 1, --stride at least 0')
+    if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1 or args.fps <= 0:
+        p.error('--n_clips and --batch_size must be at least 1, --stride at least 0, '
+                '--fps positive')
+    if args.timeline is not None and args.timeline.suffix not in ('.png', '.json'):
+        p.error(f'--timeline {args.timeline}: give a .png (picture) or .json file')
+    if args.output_video is not None and args.output_video.suffix != '.mp4':
+        p.error(f'--output_video {args.output_video}: give an .mp4 file')
     return args
 
 
@@ -244,30 +518,77 @@ def format_line(video_id, entries):
     return f'{video_id}: ' + ', '.join(f'{e["label"]} ({e["score"]:.3f})' for e in entries)
 
 
+def report_failures(failures, videos):
+    """The videos that could not be read, on stderr; exit status 1."""
+    paths = {v.video_id: v.path for v in videos}
+    print(f'{len(failures)} of {len(videos)} video(s) could not be read and were skipped:',
+          file=sys.stderr)
+    for video_id, message in failures.items():
+        path = paths[video_id]
+        print(f'  {message}' if path in message else f'  {path}: {message}', file=sys.stderr)
+    n_done = len(videos) - len(failures)
+    print(f'{n_done} other video(s) classified; re-encode or re-extract the ones listed, or '
+          f'move them out of {"the folder" if len(videos) > 1 else "the way"}', file=sys.stderr)
+    return 1
+
+
+def print_outcome(out, args, accuracy, failures):
+    if args.json:
+        data = {'results': out.results, 'views': out.views}
+        if failures:
+            data['failed'] = failures
+        print(json.dumps(data))
+    else:
+        for video_id, entries in out.results.items():
+            print(format_line(video_id, entries))
+    for line in accuracy:
+        print(line, file=sys.stderr if args.json else sys.stdout)
+
+
+def run(args, failures):
+    device = torch.device('cuda' if torch.cuda.is_available() and not args.no_cuda else 'cpu')
+    videos = find_inputs(args.video)
+    if (args.timeline or args.output_video) and len(videos) != 1:
+        raise OptionError(f'--timeline and --output_video take one video; {args.video} holds '
+                          f'{len(videos)}')
+    model, options, class_names, device = load_model(args.checkpoint, args.annotation_path,
+                                                     device, args.weights)
+    head = None
+    if args.extract_features is not None:
+        if not isinstance(model, torch.nn.Module):
+            raise OptionError('--extract_features needs the checkpoint, not an exported file')
+        head = model.get_submodule(classifier_name(options.model))
+    records = measure_videos(videos, failures, not args.no_progress)
+    windows = bool(args.timeline or args.output_video)
+    out = Outcome({}, {}, {}, {} if head is not None else None)
+    if records:
+        dataset = build_dataset(records, videos, options, args.n_clips,
+                                window_stride(args, options), args.crop)
+        scores = classify(dataset, model, device, args, failures, keep_views=windows,
+                          feature_module=head)
+        out = outcome(scores, records, class_names, args.topk, failures, head is not None)
+        if windows and out.results:
+            write_window_outputs(args, videos[0], records[0], scores, class_names,
+                                 options.input_type)
+    truth, note = true_labels(videos, class_names, args.annotation_path)
+    if note:
+        print(f'note: {note}', file=sys.stderr)
+    return videos, out, accuracy_lines(truth, out.ranked, class_names, failures)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device('cuda' if torch.cuda.is_available() and not args.no_cuda else 'cpu')
+    failures = {}
     try:
-        videos = find_inputs(args.video)
-        model, options, class_names = load_trained_model(args.checkpoint, args.annotation_path,
-                                                         device, args.weights)
-        dataset = build_dataset(videos, options, args.n_clips, args.stride, args.crop)
-        head = None
-        if args.extract_features is not None:
-            head = model.get_submodule(classifier_name(options.model))
-        results, views, features = predict(dataset, model, class_names, device, args, head)
+        videos, out, accuracy = run(args, failures)
     except (DataError, OptionError, CheckpointError, FileNotFoundError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
-    if features is not None:
-        write_features(args.extract_features, list(features), list(features.values()),
-                       [views[v] for v in features])
-    if args.json:
-        print(json.dumps({'results': results, 'views': views}))
-    else:
-        for video_id, entries in results.items():
-            print(format_line(video_id, entries))
-    return 0
+    if out.features is not None and out.features:
+        write_features(args.extract_features, list(out.features), list(out.features.values()),
+                       [out.views[v] for v in out.features])
+    print_outcome(out, args, accuracy, failures)
+    return report_failures(failures, videos) if failures else 0
 
 
 if __name__ == '__main__':

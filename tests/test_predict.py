@@ -142,7 +142,8 @@ def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_pat
     assert capsys.readouterr().out.strip().startswith(f'{v}: ')
     assert predict.main([str(out / 'save_1.pth'), str(video_path / label / v), '--weights',
                          'ema']) == 2
-    assert 'holds no EMA weights' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'holds no EMA weights' in err and 'use --weights raw' in err
 
 
 def test_features_file_shapes_and_ids(trained):
@@ -175,3 +176,146 @@ def test_validation_only_run_writes_val_log_and_tensorboard_confusion(trained, t
     assert 'val/confusion' in events.Tags()['images']
     assert 'val/class_accuracy' in events.Tags()['histograms']
     assert [e.step for e in events.Scalars('val/mean_class_accuracy')] == [1]
+
+
+# ----------------------------------------------------------------------------- real folders
+
+def _mp4_of(folder, path):
+    from PIL import Image
+
+    from tests.video_files import write_video
+    images = [np.asarray(Image.open(f).convert('RGB')) for f in sorted(folder.glob('image_*.jpg'))]
+    return write_video(path, width=images[0].shape[1], height=images[0].shape[0], images=images,
+                       gop=6)
+
+
+@pytest.fixture(scope='module')
+def class_tree(trained, tmp_path_factory):
+    """root/<class>/<video>.mp4 of four validation videos, a truncated .mp4 (it
+    cannot be opened) and a frame folder whose fifth JPEG is garbage (it fails
+    while its clips are decoded, in a loader worker)."""
+    video_path, _, _, val = trained
+    root = tmp_path_factory.mktemp('tree') / 'root'
+    good = {}
+    for v, label in val[:4]:
+        good[v] = label
+        _mp4_of(video_path / label / v, root / label / f'{v}.mp4')
+    v0, label0 = val[0]
+    data = (root / label0 / f'{v0}.mp4').read_bytes()
+    (root / label0 / 'truncated.mp4').write_bytes(data[:len(data) // 2])
+    shutil.copytree(video_path / label0 / v0, root / label0 / 'corrupt')
+    (root / label0 / 'corrupt' / 'image_00005.jpg').write_bytes(b'\xff\xd8 not a jpeg')
+    return root, good
+
+
+def test_folder_with_broken_videos_classifies_the_others(trained, class_tree, tmp_path, capsys):
+    _, _, out, _ = trained
+    root, good = class_tree
+    code = predict.main([str(out / 'save_1.pth'), str(root), '--topk', '0', '--json',
+                         '--n_clips', '2', '--n_threads', '1'])
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    assert code == 1
+    assert sorted(printed['results']) == sorted(good)
+    assert sorted(printed['failed']) == ['corrupt', 'truncated']
+    err = captured.err
+    assert '2 of 6 video(s) could not be read and were skipped' in err
+    assert str(root / next(iter(good.values())) / 'truncated.mp4') in err and 'corrupt' in err
+    assert 'annotation file' not in err  # the training hint does not apply here
+    assert 'classifying' in err  # the progress bar, on stderr
+    # the good videos' scores are those of a run without the broken ones
+    for broken in ('truncated.mp4', 'corrupt'):
+        shutil.move(root / good[next(iter(good))] / broken, tmp_path / broken)
+    try:
+        assert predict.main([str(out / 'save_1.pth'), str(root), '--topk', '0', '--json',
+                             '--n_clips', '2', '--n_threads', '0', '--no_progress']) == 0
+    finally:
+        for broken in ('truncated.mp4', 'corrupt'):
+            shutil.move(tmp_path / broken, root / good[next(iter(good))] / broken)
+    alone = json.loads(capsys.readouterr().out)['results']
+    for v in good:
+        assert _scores(printed['results'][v]) == pytest.approx(_scores(alone[v]), abs=1e-6)
+
+
+def _top1_line(results, truth):
+    hits = sum(results[v][0]['label'] == label for v, label in truth.items())
+    return f'top-1 accuracy: {hits / len(truth):.4f} ({hits}/{len(truth)})'
+
+
+def test_accuracy_from_class_folders_and_from_the_annotation(trained, class_tree, capsys):
+    _, annotation_path, out, _ = trained
+    root, good = class_tree
+    assert predict.main([str(out / 'save_1.pth'), str(root), '--topk', '0', '--n_clips', '2',
+                         '--n_threads', '0', '--json', '--no_progress']) == 1
+    captured = capsys.readouterr()
+    results = json.loads(captured.out)['results']
+    assert _top1_line(results, good) in captured.err
+    assert 'top-5 accuracy' in captured.err and '(2 that could not be read not counted)' in \
+        captured.err
+    # the annotation's labels, for videos found anywhere (here: the flat folder of mp4s)
+    flat = root.parent / 'flat'
+    flat.mkdir()
+    for path in root.glob('*/*.mp4'):
+        shutil.copy(path, flat / path.name)
+    assert predict.main([str(out / 'save_1.pth'), str(flat), '--topk', '3', '--n_clips', '2',
+                         '--n_threads', '0', '--no_progress',
+                         '--annotation_path', str(annotation_path)]) == 1
+    text = capsys.readouterr().out
+    assert _top1_line(results, good) in text
+    assert sum(line.startswith(tuple(good)) for line in text.splitlines()) == 4
+
+
+def test_timeline_of_a_long_video(trained, tmp_path, capsys):
+    from tests.video_files import write_video
+    _, _, out, _ = trained
+    video = write_video(tmp_path / 'long.mp4', n_frames=40, width=32, height=32, fps=10)
+    args = [str(out / 'save_1.pth'), str(video), '--topk', '0', '--json', '--n_threads', '0',
+            '--no_progress']
+    assert predict.main([*args, '--timeline', str(tmp_path / 't.json')]) == 0
+    result = _scores(json.loads(capsys.readouterr().out)['results']['long'])
+    timeline = json.loads((tmp_path / 't.json').read_text())
+    # windows side by side (the span, 8 frames), seconds from the video's 10 fps
+    assert [w['frames'] for w in timeline['windows']] == [[8 * k, 8 * k + 8] for k in range(5)]
+    assert [w['start_s'] for w in timeline['windows']] == pytest.approx([0.8 * k for k in range(5)])
+    assert timeline['fps'] == 10 and len(timeline['classes']) == 6
+    # the video's score is the mean of the windows' scores
+    mean = {c: np.mean([w['scores'][c] for w in timeline['windows']]) for c in timeline['classes']}
+    assert mean == pytest.approx(result, abs=1e-6)
+    assert predict.main([*args, '--timeline', str(tmp_path / 't.png')]) == 0
+    assert (tmp_path / 't.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def test_output_video_draws_each_windows_label(trained, tmp_path, capsys):
+    from datasets.video import read_video
+    from tests.video_files import frame_level, write_video
+    _, _, out, _ = trained
+    video = write_video(tmp_path / 'long.mp4', n_frames=30, width=32, height=24, fps=10)
+    assert predict.main([str(out / 'save_1.pth'), str(video), '--output_video',
+                         str(tmp_path / 'out.mp4'), '--n_threads', '0', '--no_progress']) == 0
+    assert 'labelled video' in capsys.readouterr().err
+    frames = read_video(tmp_path / 'out.mp4')
+    assert frames.shape == (30, 3, 240, 320)  # enlarged 10x so that the label is readable
+    # every frame once, in order: the picture below the banner is the input's frame i
+    assert [frame_level(f[:, 120:].permute(1, 2, 0).numpy()) for f in frames] == list(range(30))
+    banner = frames[:, :, 2:20, 2:60].float()
+    assert banner.max() > 200 and (banner < 40).float().mean() > 0.5  # white text on black
+
+
+def test_frames_take_the_nearest_window():
+    from utils.timeline import captions, frame_windows
+    windows = [(0, 8, None), (4, 12, None), (8, 16, None)]
+    assert frame_windows(windows, 16).tolist() == [0] * 6 + [1] * 4 + [2] * 6
+    p = torch.eye(3)
+    texts = captions([(0, 4, p[2]), (4, 8, p[0] * 0.5)], ['a', 'b', 'c'], 8)
+    assert texts == ['c 1.00'] * 4 + ['a 0.50'] * 4
+
+
+def test_help_shows_defaults_and_window_outputs_take_one_video(trained, class_tree, capsys):
+    _, _, out, _ = trained
+    with pytest.raises(SystemExit):
+        predict.parse_args(['-h'])
+    assert '(default: 10)' in capsys.readouterr().out
+    root, _ = class_tree
+    assert predict.main([str(out / 'save_1.pth'), str(root), '--timeline',
+                         str(root / 't.png')]) == 2
+    assert 'take one video' in capsys.readouterr().err

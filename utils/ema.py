@@ -50,12 +50,13 @@ def load_ema(ema, checkpoint, source):
     return True
 
 
-def inference_state_dict(checkpoint, weights, source):
-    """The state dict to run: the raw weights, or the EMA ones (weights='ema')."""
+def inference_state_dict(checkpoint, weights, source, option='--inference_weights'):
+    """The state dict to run: the raw weights, or the EMA ones (weights='ema');
+    ``option`` is the tool's name for the choice, for the message."""
     if weights == 'raw':
         return checkpoint['state_dict']
     if 'ema_state_dict' not in checkpoint:
         raise CheckpointError(f'{source} holds no EMA weights (it was trained without '
-                              f'--ema_decay): use --inference_weights raw')
+                              f'--ema_decay): use {option} raw')
     return checkpoint['ema_state_dict']
 
