@@ -214,7 +214,7 @@ def load_model(path, annotation_path, device, weights):
     if weights != 'raw':
         raise OptionError(f'{path} holds the weights it was exported with (export --weights): '
                           f'leave --weights out')
-    from util_scripts.export import OnnxClassifier
+    from utils.exported import OnnxClassifier
     model = OnnxClassifier(path)
     class_names = model.class_names
     if annotation_path is not None:

@@ -12,6 +12,7 @@ import main
 import predict
 from tests.conftest import tiny_args
 from util_scripts import export
+from utils.exported import OnnxClassifier
 
 ARCHS = ('resnet', 'resnet2p1d')
 
@@ -32,7 +33,7 @@ def checkpoints(tiny_synthetic, tmp_path_factory):
 def _load(path, fmt):
     """(clips -> logits, class names, input settings) of an exported file, loaded once."""
     if fmt == 'onnx':
-        model = export.OnnxClassifier(path)
+        model = OnnxClassifier(path)
         props = model.session.get_modelmeta().custom_metadata_map
         return model, json.loads(props['class_names']), json.loads(props['input'])
     files = {'metadata.json': ''}

@@ -24,16 +24,13 @@ import os
 import sys
 import time
 import warnings
-from argparse import Namespace
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from utils.exported import INPUT_OPTIONS, OnnxClassifier
+
 FORMATS = {'onnx': '.onnx', 'torchscript': '.pt', 'exported_program': '.pt2'}
-# The options that say how a video becomes the network's input.
-INPUT_OPTIONS = ('input_type', 'sample_size', 'sample_duration', 'sample_t_stride',
-                 'value_scale', 'mean_dataset', 'no_mean_norm', 'no_std_norm')
 CHECK_BATCHES = (1, 3)  # batch sizes of the check (export traces batch 2)
 
 
@@ -121,45 +118,12 @@ def max_difference(model, exported, options):
     return worst
 
 
-class OnnxClassifier:
-    """An exported .onnx file run by onnxruntime on the CPU: called on a float
-    batch of clips, it returns the logits; ``class_names`` and ``options`` (the
-    input settings, as predict.view_transforms reads them) come from its
-    metadata."""
-
-    def __init__(self, path):
-        import onnxruntime
-
-        from utils.checkpoint import CheckpointError
-        try:
-            self.session = onnxruntime.InferenceSession(str(path),
-                                                        providers=['CPUExecutionProvider'])
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
-            raise CheckpointError(f'{path} cannot be loaded by onnxruntime ({e})') from None
-        props = self.session.get_modelmeta().custom_metadata_map
-        if 'class_names' not in props or 'input' not in props:
-            raise CheckpointError(f'{path} has no class_names/input metadata: export it with '
-                                  f'python -m util_scripts.export')
-        self.class_names = json.loads(props['class_names'])
-        settings = json.loads(props['input'])
-        self.options = Namespace(**{name: settings[name] for name in INPUT_OPTIONS},
-                                 model='onnx')
-        self.input_name = self.session.get_inputs()[0].name
-
-    def __call__(self, clips):
-        array = np.ascontiguousarray(clips.detach().float().cpu().numpy())
-        return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
-
-    def eval(self):
-        return self
-
-
 def export(checkpoint, output, fmt, weights='raw', atol=1e-4):
     """Writes the export and returns the largest difference of its check."""
     from predict import load_trained_model
     model, options, class_names = load_trained_model(checkpoint, weights=weights)
     meta = metadata(options, class_names, checkpoint)
-    tmp = output.with_name(f'.{output.name}.tmp')
+    tmp = output.with_name(f'.{output.stem}.tmp{output.suffix}')  # torch.export wants .pt2
     start = time.perf_counter()
     with torch.no_grad():
         EXPORTERS[fmt](model, _example(options, 2, 0), tmp, meta)
