@@ -20,7 +20,7 @@ def _weights(path):
     return torch.load(path, weights_only=True)['state_dict']
 
 
-def test_run_remade_from_its_opts_json_trains_the_same_weights(tiny_synthetic, tmp_path):
+def test_run_remade_from_its_opts_json_trains_the_same_weights(tiny_synthetic, tmp_path, capsys):
     video_path, annotation_path = tiny_synthetic
     first = tmp_path / 'x'
     main.main(tiny_args(video_path, annotation_path, first, '--n_epochs', '1', '--no_val',
@@ -32,6 +32,12 @@ def test_run_remade_from_its_opts_json_trains_the_same_weights(tiny_synthetic, t
     stored = json.loads((again / 'opts.json').read_text())
     assert stored['manual_seed'] == 7 and stored['nesterov'] and stored['weight_decay'] == 5e-4
     assert stored['opts_file'] == str(first / 'opts.json')
+    # without a new --result_path the old run's folder is not trained into
+    with pytest.raises(SystemExit) as e:
+        main.main(['--opts_file', str(first / 'opts.json')])
+    assert e.value.code == 2 and 'holds checkpoints of another run' in capsys.readouterr().err
+    kept = _weights(first / 'save_1.pth')
+    assert all(torch.equal(a[k], kept[k]) for k in a)
     # an option given on top wins: other weights
     other = tmp_path / 'z'
     main.main(['--opts_file', str(first / 'opts.json'), '--result_path', str(other),
