@@ -319,3 +319,13 @@ def test_help_shows_defaults_and_window_outputs_take_one_video(trained, class_tr
     assert predict.main([str(out / 'save_1.pth'), str(root), '--timeline',
                          str(root / 't.png')]) == 2
     assert 'take one video' in capsys.readouterr().err
+
+
+def test_accuracy_lines():
+    ranked = {'a': ['x', 'y'], 'b': ['y', 'x']}
+    lines = predict.accuracy_lines({'a': 'x', 'b': 'x', 'c': 'y'}, ranked, ['x', 'y'], {'c': 'bad'})
+    assert lines[0] == ('accuracy over the 2 classified videos with a true label '
+                        '(1 that could not be read not counted):')
+    assert '  top-1 accuracy: 0.5000 (1/2)' in lines
+    bad = predict.accuracy_lines({'a': 'zzz'}, ranked, ['x', 'y'], {})
+    assert len(bad) == 1 and bad[0].startswith('accuracy not computed')
