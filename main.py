@@ -29,6 +29,7 @@ from model import build_model, classifier_name, freeze_before, load_state_dict_c
 from opts import OptionError, option_default, opts_to_dict, parse_opts, save_opts
 from training import (
     EpochExtras,
+    EpochTotals,
     LoopConfig,
     OptimizerConfig,
     amp_dtype,
@@ -46,7 +47,7 @@ from utils.checkpoint import (
     restore_rng_state,
     save_checkpoint_atomic,
 )
-from utils.ema import ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
+from utils.ema import ModelEma, ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
 from utils.failures import EXIT_FAILED, describe_failure
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
@@ -322,8 +323,9 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     schedule: LRSchedule
     scaler: torch.amp.GradScaler
-    ema: torch.optim.swa_utils.AveragedModel | None = None
+    ema: ModelEma | None = None
     mix_rng: np.random.Generator | None = None  # this epoch's mixup/cutmix draws
+    totals: EpochTotals | None = None  # this epoch's running sums, this process's
 
 
 def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
@@ -400,7 +402,8 @@ def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_wr
             start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, first_batch)
             t0 = time.time()
             extras = EpochExtras(ema=trainer.ema, mix_rng=trainer.mix_rng, first_batch=first_batch,
-                                 after_step=lambda done, e=epoch: steps.after_step(e, done))
+                                 after_step=lambda done, e=epoch: steps.after_step(e, done),
+                                 totals=trainer.totals)
             stats = train_epoch(epoch, train_loader, model, criterion, trainer.optimizer,
                                 trainer.schedule, trainer.scaler, ctx, config, logs['batch'],
                                 tb_writer, extras)
@@ -439,15 +442,49 @@ def fit(opt, ctx, record, config, model, checkpoint, datasets, val_loader, tb_wr
 
 def start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, first_batch):
     """Seeds the epoch (data order, augmentation, model-side and mixup draws);
-    after a mid-epoch checkpoint, starts where it was written."""
+    after a mid-epoch checkpoint, starts where it was written: this process's
+    random states and running sums as they were then."""
     seed = epoch_seed(opt.manual_seed, ctx.rank, epoch)
     data.seed_worker_rngs(seed)
     start_epoch(train_loader, epoch, first_batch)
     trainer.mix_rng = np.random.default_rng([seed, 1])
-    if first_batch:  # the interrupted run's random states at that step
-        restore_rng_state(checkpoint.get('rng_state'))
-        if checkpoint.get('mix_rng'):
-            trainer.mix_rng.bit_generator.state = checkpoint['mix_rng']
+    trainer.totals = EpochTotals(ctx.device)
+    if not first_batch:
+        return
+    state = own_rank_state(checkpoint, ctx)
+    if state is None:
+        # Not this run's streams: fresh ones for the rest of the epoch (not a
+        # replay of the epoch's first draws).
+        data.seed_worker_rngs((seed * 1_000_033 + first_batch) % (2**63))
+        trainer.mix_rng = np.random.default_rng([seed, 1, first_batch])
+        return
+    restore_rng_state(state['rng_state'], ctx.device)
+    if state.get('mix_rng'):
+        trainer.mix_rng.bit_generator.state = state['mix_rng']
+    trainer.totals = EpochTotals(ctx.device, state.get('epoch_totals'))
+
+
+def rank_state(trainer, ctx):
+    """What a mid-epoch checkpoint keeps of each process: its random states
+    (CUDA's on a GPU), its mixup/cutmix generator and its epoch's running sums."""
+    return {'rng_state': capture_rng_state(ctx.device),
+            'mix_rng': trainer.mix_rng.bit_generator.state if trainer.mix_rng is not None else None,
+            'epoch_totals': trainer.totals.state_dict() if trainer.totals is not None else None}
+
+
+def own_rank_state(checkpoint, ctx):
+    """This process's entry of a mid-epoch checkpoint's rank_states, or None
+    (after one line) when the checkpoint was written by another number of
+    processes. Checkpoints written before rank_states kept one process's
+    states, at the top level."""
+    states = checkpoint.get('rank_states') or \
+        [{'rng_state': checkpoint.get('rng_state'), 'mix_rng': checkpoint.get('mix_rng')}]
+    if len(states) == ctx.world_size:
+        return states[ctx.rank]
+    log(ctx, f'the mid-epoch checkpoint holds the random states of {len(states)} process(es), '
+             f'this run has {ctx.world_size}: the rest of the epoch draws from per-process streams '
+             f'derived from --manual_seed (the weights will differ from an uninterrupted run\'s)')
+    return None
 
 
 def check_resume_batch(record, n_batches):
@@ -525,9 +562,13 @@ class CheckpointSaver:
         """The checkpoint after `batches_done` batches of `epoch` (0: all of it).
         A failed write (disk full) stops every rank; earlier checkpoints stay."""
         path = self.opt.result_path / checkpoint_name(epoch, batches_done)
+        trainer = self.state[2]
+        # Mid-epoch: every process's random states and sums (each resumes its own).
+        rank_states = du.gather_objects_to_main(rank_state(trainer, self.ctx), self.ctx) \
+            if batches_done else None
 
         def write():
-            save_checkpoint(path, epoch, self.opt, *self.state, batches_done)
+            save_checkpoint(path, epoch, self.opt, *self.state, batches_done, rank_states)
             prune_checkpoints(self.opt.result_path, self.opt.keep_last)
         on_main_rank(self.ctx, write)
         return path
@@ -559,13 +600,14 @@ def describe_validation(stats):
     return text
 
 
-def save_checkpoint(path, epoch, opt, record, model, trainer, class_names, batches_done=0):
+def save_checkpoint(path, epoch, opt, record, model, trainer, class_names, batches_done=0,
+                    rank_states=None):
     """The predecessor's keys, plus the class names and the fine-tuning settings:
     with 'arch' and 'opts' a checkpoint is usable alone (predict.py, resuming).
     The state after `batches_done` batches of `epoch` (0: the whole epoch;
-    'epoch' counts the completed epochs, as in 3D-ResNets-PyTorch)."""
-    mid_epoch = {'mix_rng': trainer.mix_rng.bit_generator.state} \
-        if batches_done and trainer.mix_rng is not None else {}
+    'epoch' counts the completed epochs, as in 3D-ResNets-PyTorch); a
+    mid-epoch one also holds every process's rank_state, in rank order."""
+    mid_epoch = {'rank_states': rank_states} if batches_done else {}
     save_checkpoint_atomic({
         'epoch': epoch if batches_done == 0 else epoch - 1,
         'batches_done': batches_done,
@@ -578,7 +620,7 @@ def save_checkpoint(path, epoch, opt, record, model, trainer, class_names, batch
         'scheduler': trainer.schedule.state_dict(),
         'scaler': trainer.scaler.state_dict(),
         **(ema_checkpoint_entries(trainer.ema) if trainer.ema is not None else {}),
-        'rng_state': capture_rng_state(),
+        'rng_state': capture_rng_state(),  # rank 0's; mid-epoch resumes read rank_states
         'opts': {k: v for k, v in opts_to_dict(opt).items() if v is None or
                  isinstance(v, (str, int, float, bool, list))},
     }, path)

@@ -108,11 +108,13 @@ class BatchReport:
     """Per-step loss and accuracy kept on the device and read once every
     log_interval steps: no host synchronisation per step."""
 
-    def __init__(self, epoch, n_batches, world_size, log_interval, batch_logger, print_lines):
+    def __init__(self, epoch, n_batches, world_size, log_interval, batch_logger, print_lines,
+                 clips_before=0):
         self.epoch, self.n_batches, self.world_size = epoch, n_batches, world_size
         self.log_interval, self.batch_logger, self.print_lines = log_interval, batch_logger, print_lines
         self.pending, self.meta = [], []
-        self.last_time, self.last_clips = time.perf_counter(), 0
+        # clips_before: the clips of the epoch a resumed run did not redo (its rate starts now)
+        self.last_time, self.last_clips = time.perf_counter(), clips_before
 
     def add(self, i, loss, correct, n, lr):
         self.pending.append(torch.stack([loss.detach().float(), correct.float() / n]))
@@ -139,17 +141,47 @@ class BatchReport:
         self.meta.clear()
 
 
+class EpochTotals:
+    """This process's running sums over an epoch, from which its train.log row
+    is computed: loss x clips and correct clips (on the device, no per-step
+    sync), clips, seconds waiting for data and seconds training. A mid-epoch
+    checkpoint keeps them (state_dict), so the row of a resumed epoch covers
+    the whole epoch, as the uninterrupted run's does; the time a run was down
+    is not counted."""
+
+    def __init__(self, device, state=None):
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.clips, self.wait_s, self.train_s = 0, 0.0, 0.0
+        self.since = time.perf_counter()
+        if state:
+            self.sums.copy_(state['sums'])
+            self.clips, self.wait_s, self.train_s = \
+                int(state['clips']), float(state['wait_s']), float(state['train_s'])
+
+    def start(self):
+        self.since = time.perf_counter()
+
+    def seconds(self):
+        return self.train_s + time.perf_counter() - self.since
+
+    def state_dict(self):
+        return dict(sums=self.sums.cpu(), clips=self.clips, wait_s=self.wait_s,
+                    train_s=self.seconds())
+
+
 @dataclass
 class EpochExtras:
     """What a step uses besides the optimizer: the EMA model (None: off) and the
     numpy generator of the mixup/cutmix draws (seeded per rank and epoch); for
     a mid-epoch resume the batches already done (the loader starts after
-    them); after_step(batches_done), called after each optimizer step but the
-    epoch's last, ends the epoch there by returning True (a stop signal)."""
+    them) and the epoch's totals so far; after_step(batches_done), called
+    after each optimizer step but the epoch's last, ends the epoch there by
+    returning True (a stop signal)."""
     ema: object = None
     mix_rng: object = None
     first_batch: int = 0
     after_step: object = None
+    totals: EpochTotals | None = None
 
 
 def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ctx, config,
@@ -158,7 +190,10 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     fraction of time spent waiting for data (reduced over all ranks) and the
     seconds the first step took (the compilation, with --compile).
 
-    schedule.after_step() and the EMA update follow every optimizer step.
+    schedule.after_step() and the EMA update follow every optimizer step that
+    ran (an fp16 scaler skips those with inf/nan gradients). Each micro-batch's
+    loss is divided by the number of micro-batches of its accumulation group
+    (the epoch's last group may have fewer than accumulation_steps).
     With mixup/cutmix the accuracy is against each clip's dominant label.
     """
     extras = extras or EpochExtras()
@@ -167,63 +202,81 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     device, k = ctx.device, config.accumulation_steps
     first, n_batches = extras.first_batch, extras.first_batch + len(loader)
     normalizer = getattr(getattr(loader, 'dataset', None), 'device_normalizer', None)
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, correct
+    totals = extras.totals or EpochTotals(device)
+    totals.start()
     report = BatchReport(epoch, n_batches, ctx.world_size, config.log_interval, batch_logger,
-                         print_lines=ctx.is_main and not config.progress_bar)
+                         print_lines=ctx.is_main and not config.progress_bar, clips_before=totals.clips)
     bar = tqdm(total=n_batches, initial=first, desc=f'train {epoch}', dynamic_ncols=True, leave=False,
                disable=not (ctx.is_main and config.progress_bar))
-    wait, clips_seen, start, first_step_s = 0.0, 0, time.perf_counter(), 0.0
-    batches = iter(loader)
+    first_step_s, batches = 0.0, iter(loader)
     for i in range(first, n_batches):
         lr_now = optimizer.param_groups[0]['lr']  # the lr this step uses
         t0 = time.perf_counter()
         inputs, targets = next(batches)
-        wait += time.perf_counter() - t0
+        totals.wait_s += time.perf_counter() - t0
         inputs = clips_to_device(inputs, device, config.channels_last, normalizer)
         batch = mix_batch(inputs, targets.to(device, non_blocking=True), config.n_classes,
                           config.mix, extras.mix_rng)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1
+        group = min(k, n_batches - i // k * k)  # micro-batches in this accumulation group
         no_sync = model.no_sync() if (ctx.distributed and not sync_now) else contextlib.nullcontext()
         with no_sync:
             with autocast_context(device, config.amp, config.amp_dtype):
                 outputs = model(batch.clips)
                 loss = criterion(outputs.float(), batch.targets)
-            scaler.scale(loss / k).backward()
+            scaler.scale(loss / group).backward()
         if sync_now:
-            optimizer_step(optimizer, scaler, config.clip_grad_norm)
-            if extras.ema is not None:
-                update_ema(extras.ema, model)
-            if schedule is not None:
-                schedule.after_step()
+            step_and_follow(optimizer, scaler, config.clip_grad_norm, schedule, extras.ema, model)
         if i == first:
             first_step_s = time.perf_counter() - t0
         with torch.no_grad():
             n = batch.dominant.numel()
             correct = (outputs.argmax(1) == batch.dominant).sum()
-            sums += torch.stack([loss.detach().double() * n, correct.double()])
+            totals.sums += torch.stack([loss.detach().double() * n, correct.double()])
             report.add(i, loss, correct, n, lr_now)
-        clips_seen += n
+        totals.clips += n
         bar.update(1)
         stop = sync_now and i < n_batches - 1 and extras.after_step is not None and extras.after_step(i + 1)
         if report.due(i) or (stop and report.pending):
-            report.flush(clips_seen, bar)
+            report.flush(totals.clips, bar)
         if stop:
             break
     bar.close()
-    stats = _epoch_stats(sums, clips_seen, wait, start, lr_now, ctx, epoch, tb_writer)
+    stats = _epoch_stats(totals, lr_now, ctx, epoch, tb_writer)
     return dict(stats, first_step_s=first_step_s)
+
+
+def step_and_follow(optimizer, scaler, clip_grad_norm, schedule, ema, model):
+    """One optimizer step, then the schedule's step and the EMA update, both
+    left out when the fp16 scaler skipped the optimizer step (the weights did
+    not change, and the skipped step is not one of the schedule's)."""
+    if not optimizer_step(optimizer, scaler, clip_grad_norm):
+        return
+    if ema is not None:
+        update_ema(ema, model)
+    if schedule is not None:
+        schedule.after_step()
 
 
 def optimizer_step(optimizer, scaler, clip_grad_norm=0.0):
     """One optimizer step (skipped by an fp16 scaler on inf/nan gradients),
-    after clipping the global norm of the unscaled gradients (0: no clipping)."""
+    after clipping the global norm of the unscaled gradients (0: no clipping).
+    Returns whether the optimizer stepped: the scaler decides that on the host
+    (it reads its inf check there), so a step hook knows it without another
+    host/device synchronisation."""
     if clip_grad_norm > 0:
         scaler.unscale_(optimizer)
         params = [p for group in optimizer.param_groups for p in group['params']]
         torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
-    scaler.step(optimizer)
+    stepped = []
+    hook = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+    try:
+        scaler.step(optimizer)
+    finally:
+        hook.remove()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    return bool(stepped)
 
 
 @torch.no_grad()
@@ -239,15 +292,15 @@ def precise_bn(model, loader, n_batches, ctx, config):
         return recompute_bn_stats(model, batches, ctx)
 
 
-def _epoch_stats(sums, clips_seen, wait, start, lr, ctx, epoch, tb_writer):
+def _epoch_stats(totals, lr, ctx, epoch, tb_writer):
     if ctx.device.type == 'cuda':
         torch.cuda.synchronize(ctx.device)
-    elapsed = time.perf_counter() - start
+    elapsed = totals.seconds()
     # Clip counts are known on the host; one collective for the whole epoch.
-    totals = torch.cat([sums, torch.tensor([clips_seen], dtype=torch.float64).to(ctx.device)])
-    loss_sum, correct, count = all_reduce_sum(totals, ctx).tolist()
+    counts = torch.tensor([totals.clips], dtype=torch.float64).to(ctx.device)
+    loss_sum, correct, count = all_reduce_sum(torch.cat([totals.sums, counts]), ctx).tolist()
     stats = dict(loss=loss_sum / max(count, 1), acc=correct / max(count, 1), lr=lr,
-                 clips_per_s=count / max(elapsed, 1e-9), data_wait=wait / max(elapsed, 1e-9))
+                 clips_per_s=count / max(elapsed, 1e-9), data_wait=totals.wait_s / max(elapsed, 1e-9))
     if tb_writer is not None:
         for key, value in stats.items():
             tb_writer.add_scalar(f'train/{key}', value, epoch)

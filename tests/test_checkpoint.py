@@ -55,6 +55,19 @@ def test_rng_state_round_trip_through_weights_only_load(tmp_path):
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
+@pytest.mark.gpu
+def test_cuda_rng_state_round_trip(tmp_path):
+    device = torch.device('cuda', 0)
+    torch.cuda.manual_seed(3)
+    state = ck.capture_rng_state(device)
+    assert state['cuda'].device.type == 'cpu'  # a ByteTensor any machine loads
+    ck.save_checkpoint_atomic({'rng_state': state}, tmp_path / 'rng.pth')
+    expected = torch.rand(4, device=device)
+    ck.restore_rng_state(ck.load_checkpoint(tmp_path / 'rng.pth')['rng_state'], device)
+    assert torch.equal(torch.rand(4, device=device), expected)
+    ck.restore_rng_state(state, torch.device('cpu'))  # a GPU checkpoint resumed on CPU
+
+
 def test_tsv_logger_appends_without_second_header(tmp_path):
     path = tmp_path / 'train.log'
     log = TsvLogger(path, ['epoch', 'loss'])

@@ -169,6 +169,9 @@ def test_a_resumed_mid_epoch_checkpoint_skips_exactly_the_batches_it_covers(tiny
     final = load_checkpoint(resumed / 'save_1.pth')
     for key in ['state_dict'] + (['ema_state_dict'] if recipe else []):
         assert all(torch.equal(final[key][k], expected[key][k]) for k in expected[key]), key
+    # The resumed epoch's row covers the whole epoch, the 3 batches before the checkpoint too.
+    rows = [read_tsv(d / 'train.log')[0] for d in (whole, resumed)]
+    assert [(r['loss'], r['acc']) for r in rows[1:]] == [(rows[0]['loss'], rows[0]['acc'])], rows
     if recipe:
         return
     assert [r['batch'] for r in read_tsv(resumed / 'train_batch.log')] == ['4', '5', '6']

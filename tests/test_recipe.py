@@ -163,9 +163,72 @@ def test_ema_resume_is_exact():
     resumed = make_ema(resumed_model, 0.8)
     assert load_ema(resumed, saved, 'save_3.pth')
     _train_steps(resumed_model, resumed, 3, seed=2)
-    for key, value in ema.state_dict().items():
-        assert torch.equal(resumed.state_dict()[key], value), key
+    for key, value in ema.module.state_dict().items():
+        assert torch.equal(resumed.module.state_dict()[key], value), key
+    assert resumed.n_averaged == ema.n_averaged == 7
     assert set(saved['ema_state_dict']) == set(model.state_dict())  # plain keys
+
+
+def test_ema_equals_averaged_model_bit_for_bit():
+    """The same arithmetic as torch's AveragedModel(get_ema_multi_avg_fn,
+    use_buffers=True), integer num_batches_tracked included."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    torch.manual_seed(0)
+    model = TinyNet()
+    reference = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.7), use_buffers=True)
+    reference.update_parameters(model)
+    ema = make_ema(model, 0.7)
+    gen = torch.Generator().manual_seed(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(5):
+        model(torch.randn(8, 3, generator=gen)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        reference.update_parameters(model)
+        update_ema(ema, model)
+    expected = reference.module.state_dict()
+    assert expected['bn.num_batches_tracked'] > 0
+    for key, value in ema.module.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+    assert ema.n_averaged == int(reference.n_averaged) == 6
+
+
+def _ops_of_one_update(update):
+    """(op name, devices of its tensor arguments) of every aten op `update` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            devices = {a.device.type for a in tree_leaves((args, kwargs or {}))
+                       if isinstance(a, torch.Tensor)}
+            self.ops.append((str(func), devices))
+            return func(*args, **(kwargs or {}))
+    with Record() as record:
+        update()
+    return record.ops
+
+
+def test_ema_update_moves_nothing_between_host_and_device():
+    """On a device (meta stands in for a GPU), an update only reads and
+    writes that device's tensors: AveragedModel copies its CPU count there
+    for every dtype group, every step (a blocking host/device sync on GPUs)."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    model = TinyNet().to('meta')
+    reference = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    reference.update_parameters(model)
+    assert any('cpu' in devices for _, devices in _ops_of_one_update(
+        lambda: reference.update_parameters(model)))  # the stand-in shows the copy
+    ema = make_ema(model, 0.9)
+    ops = _ops_of_one_update(lambda: update_ema(ema, model))
+    assert ops and all(devices == {'meta'} for _, devices in ops), ops
+    assert not any('_to_copy' in name for name, _ in ops)
+    assert any('_foreach_lerp_' in name for name, _ in ops)
+    assert isinstance(ema.n_averaged, int) and ema.n_averaged == 2
 
 
 # ---- precise BN -----------------------------------------------------------

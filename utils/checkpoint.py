@@ -151,8 +151,9 @@ def find_latest_checkpoint(result_path):
     return None
 
 
-def capture_rng_state():
-    """RNG states as weights_only-loadable objects (tensors, ints, lists)."""
+def capture_rng_state(device=None):
+    """RNG states as weights_only-loadable objects (tensors, ints, lists); on a
+    CUDA `device`, that device's generator too (a ByteTensor on the CPU)."""
     np_state = np.random.get_state()
     state = {
         'python': random.getstate(),
@@ -160,14 +161,16 @@ def capture_rng_state():
                   int(np_state[2]), int(np_state[3]), float(np_state[4])],
         'torch': torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if device is not None and torch.device(device).type == 'cuda':
         # This process's device only: get_rng_state_all() would create a CUDA
-        # context on every other GPU of the node from rank 0.
-        state['cuda'] = torch.cuda.get_rng_state()
+        # context on every other GPU of the node.
+        state['cuda'] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng_state(state):
+def restore_rng_state(state, device=None):
+    """Sets the states capture_rng_state returned; the CUDA one on a CUDA
+    `device` (a GPU checkpoint resumed on CPU keeps only the CPU states)."""
     if not state:
         return
     version, internal, gauss = state['python']
@@ -175,5 +178,5 @@ def restore_rng_state(state):
     name, keys, pos, has_gauss, cached = state['numpy']
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state['torch'])
-    if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state['cuda'])
+    if 'cuda' in state and device is not None and torch.device(device).type == 'cuda':
+        torch.cuda.set_rng_state(state['cuda'], device)
