@@ -13,7 +13,15 @@ import main
 from model import make_parallel
 from tests.conftest import tiny_args
 from tests.dist_helpers import run_ranks
-from training import AMP_DTYPES, LoopConfig, amp_dtype, autocast_context, optimizer_step, train_epoch
+from training import (
+    AMP_DTYPES,
+    EpochExtras,
+    LoopConfig,
+    amp_dtype,
+    autocast_context,
+    optimizer_step,
+    train_epoch,
+)
 from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
 from utils.distributed import DistContext
 from utils.logs import read_tsv
@@ -208,3 +216,62 @@ def test_averaged_checkpoint_runs_inference(tiny_synthetic, tmp_path):
     a = load_checkpoint(tmp_path / 'avg_raw.pth')['state_dict']['fc.weight']
     b = load_checkpoint(tmp_path / 'avg_ema.pth')['state_dict']['fc.weight']
     assert not torch.equal(a, b)
+
+
+# ---- the optimizer steps of train_epoch: accumulation groups, fp16 skips ---------
+
+def _linear_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(6, 3))
+
+
+def _linear_batches(n, poison=None):
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(n)]
+    if poison is not None:  # inf inputs: nan gradients, which an fp16 scaler skips
+        data[poison][0][0, 0] = float('inf')
+    return data
+
+
+def test_the_last_partial_accumulation_group_is_its_own_mean():
+    """5 micro-batches, accumulation 2: groups (1, 2), (3, 4), (5); the last
+    step is batch 5's own gradient, not half of it."""
+    data = _linear_batches(5)
+    model = _linear_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None,
+                torch.amp.GradScaler('cpu', enabled=False), DistContext(),
+                LoopConfig(accumulation_steps=2, log_interval=100, progress_bar=False))
+    by_hand = _linear_net()
+    reference = torch.optim.SGD(by_hand.parameters(), lr=1.0)
+    criterion = nn.CrossEntropyLoss()
+    for group in (data[0:2], data[2:4], data[4:5]):
+        sum(criterion(by_hand(x), y) for x, y in group).div(len(group)).backward()
+        reference.step()
+        reference.zero_grad()
+    for a, b in zip(model.parameters(), by_hand.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
+
+
+def test_a_step_the_fp16_scaler_skips_advances_neither_ema_nor_schedule():
+    from utils.ema import make_ema
+    from utils.lr_schedule import LRSchedule, ScheduleConfig
+    data = _linear_batches(4, poison=1)
+    model = _linear_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    schedule = LRSchedule(optimizer, ScheduleConfig('cosine', n_epochs=1), 4)
+    scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 8)  # enabled, as under fp16
+    ema = make_ema(model, 0.5)
+    states = []
+    optimizer.register_step_post_hook(
+        lambda *_: states.append({k: v.clone() for k, v in model.state_dict().items()}))
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, schedule, scaler, DistContext(),
+                LoopConfig(log_interval=100, progress_bar=False),
+                extras=EpochExtras(ema=ema))
+    assert scaler.get_scale() == 2.0 ** 7 and len(states) == 3  # step 2 skipped
+    assert schedule.scheduler.last_epoch == 3 and ema.n_averaged == 4
+    expected = dict(_linear_net().state_dict())
+    for state in states:  # the average over the 3 steps that ran
+        expected = {k: 0.5 * v + 0.5 * state[k] for k, v in expected.items()}
+    for key, value in ema.module.state_dict().items():
+        assert torch.allclose(value, expected[key], atol=1e-6), key
