@@ -63,12 +63,21 @@ def _records(opt, record, subset):
     records, class_names, _ = load_record_table(
         record.annotation_path, subset, record.video_path, opt.dataset,
         file_type=opt.file_type, cache_dir=opt.result_path / INDEX_CACHE_DIR)
-    if len(class_names) != record.n_classes:
-        raise DataError(f'--n_classes is {record.n_classes} but {record.annotation_path} has '
-                        f'{len(class_names)} labels: set --n_classes {len(class_names)}')
+    if record.n_classes is not None and len(class_names) != record.n_classes:
+        raise DataError(_class_count_mismatch(record, len(class_names)))
     check_videos(records, opt.file_type, mode=opt.check_frames, input_type=opt.input_type,
                  cache_dir=default_cache_dir())
     return records, class_names
+
+
+def _class_count_mismatch(record, n_labels):
+    found = f'{record.annotation_path} has {n_labels} labels'
+    if record.resume_path is not None:
+        return (f'--resume_path {record.resume_path} has {record.n_classes} classes but {found}: '
+                f'resume with the annotation it was trained on (another class count: start from '
+                f'its weights with --pretrain_path)')
+    return (f'--n_classes is {record.n_classes} but {found}: leave --n_classes out (it defaults '
+            f'to the annotation\'s count) or set --n_classes {n_labels}')
 
 
 def _finish(dataset, spatial, record):

@@ -251,6 +251,11 @@ def load_data(opt, record):
         infer, class_names = data.get_inference_data(opt, record)
     if train is not None and opt.on_bad_video == 'skip':
         train = SkipBadVideos(train)
+    if record.n_classes is None:  # --n_classes not given: the annotation's count
+        if not class_names:
+            raise OptionError('no data set is loaded to count the classes of (--no_train --no_val '
+                              'without --inference): give --n_classes')
+        record.n_classes = len(class_names)
     return DataSets(train, val, infer, class_names)
 
 
@@ -312,7 +317,7 @@ def loop_config(opt, record):
                       amp_dtype=opt.amp_dtype, clip_grad_norm=opt.clip_grad_norm,
                       mix=MixConfig(opt.mixup_alpha, opt.cutmix_alpha, opt.mix_prob,
                                     opt.mix_switch_prob),
-                      n_classes=opt.n_classes)
+                      n_classes=record.n_classes)
 
 
 # ----------------------------------------------------------------------------- fit

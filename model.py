@@ -132,24 +132,25 @@ def _mismatch_hints(model, state_dict, opt):
     return hints
 
 
-def load_pretrained_model(model, opt):
+def load_pretrained_model(opt, n_classes):
     """--pretrain_path: a predecessor checkpoint (dict with 'state_dict') or a bare
-    state_dict, built for n_pretrain_classes; the classifier is then replaced
-    by one with n_classes outputs."""
+    state_dict, built for --n_pretrain_classes (0: as many as its classifier
+    has); the classifier is then replaced by one with n_classes outputs."""
     ckpt = load_checkpoint(opt.pretrain_path)
-    state_dict = ckpt['state_dict'] if 'state_dict' in ckpt else ckpt
+    state_dict = strip_module_prefix(ckpt['state_dict'] if 'state_dict' in ckpt else ckpt)
+    head = state_dict.get(classifier_name(opt.model) + '.weight')
+    n_pretrain = opt.n_pretrain_classes or (head.shape[0] if head is not None else n_classes)
+    model = generate_model(opt, n_classes=n_pretrain)
     load_state_dict_checked(model, state_dict, f'--pretrain_path {opt.pretrain_path}', opt)
-    return replace_classifier(model, opt.model, opt.n_classes)
+    return replace_classifier(model, opt.model, n_classes)
 
 
-def build_model(opt, n_classes=None, pretrained=True):
+def build_model(opt, n_classes, pretrained=True):
     """The network ready for training: pretrained weights loaded if asked (not
     when resuming, whose checkpoint replaces them: pretrained=False), the
-    classifier sized for n_classes (default --n_classes)."""
+    classifier sized for n_classes (the run's: main.py's run record)."""
     if opt.pretrain_path is not None and pretrained:
-        n_pretrain = opt.n_pretrain_classes or opt.n_classes
-        model = generate_model(opt, n_classes=n_pretrain)
-        return load_pretrained_model(model, opt)
+        return load_pretrained_model(opt, n_classes)
     return generate_model(opt, n_classes=n_classes)
 
 

@@ -18,7 +18,6 @@ class OptionError(ValueError):
 # Used when --dataset synthetic and the option was not given: a small network
 # on tiny clips that learns the built-in data set in under a minute on 2 CPU cores.
 SYNTHETIC_DEFAULTS = dict(
-    n_classes=6,
     sample_size=32,
     sample_duration=8,
     model_depth=10,
@@ -70,10 +69,12 @@ def build_parser():
     _add(g, '--dataset', default='kinetics', type=str,
          choices=['kinetics', 'activitynet', 'ucf101', 'hmdb51', 'mit', 'synthetic'],
          help='Dataset layout; synthetic is generated locally (no download)')
-    _add(g, '--n_classes', default=400, type=int,
-         help='Number of classes (must equal the annotation\'s label count)')
+    # '%(default).0s' prints nothing: it keeps argparse from appending "(default: None)".
+    _add(g, '--n_classes', default=None, type=int,
+         help='Number of classes (default: the annotation\'s label count; 3D-ResNets-PyTorch\'s '
+              'default was 400). Given, it must equal that count%(default).0s')
     _add(g, '--n_pretrain_classes', default=0, type=int,
-         help='Number of classes of the pretrained model')
+         help='Number of classes of the pretrained model (0: read from --pretrain_path)')
     _add(g, '--pretrain_path', default=None, type=Path,
          help='Pretrained model (.pth) to fine-tune from')
     _add(g, '--ft_begin_module', default='', type=str,
@@ -309,7 +310,7 @@ def _check(opt):
     if opt.input_type == 'flow' and opt.file_type != 'hdf5':
         _fail('--input_type flow needs --file_type hdf5 (datasets video_u/video_v)')
     for name, low in MINIMUMS.items():
-        if getattr(opt, name) < low:
+        if getattr(opt, name) is not None and getattr(opt, name) < low:  # None: not given
             _fail(f'--{name} must be at least {low} (got {getattr(opt, name)})')
     if opt.result_path.exists() and not opt.result_path.is_dir():
         _fail(f'--result_path {opt.result_path} is a file: give a folder (it is created '

@@ -1,5 +1,7 @@
 """--ft_lr_ratio (two parameter groups) and resuming a fine-tuning run from the
 checkpoint alone."""
+import json
+
 import pytest
 import torch
 
@@ -66,3 +68,47 @@ def test_resume_rejects_a_different_fine_tuning_setting(tiny_synthetic, tmp_path
                                  '--ft_begin_module', 'layer3'))
     assert exit_info.value.code == 2
     assert "--ft_begin_module layer3 differs from the 'layer4'" in capsys.readouterr().err
+
+
+# ---- class counts from the data ------------------------------------------------
+
+def _without_n_classes(args):
+    i = args.index('--n_classes')
+    return args[:i] + args[i + 2:]
+
+
+def test_n_classes_defaults_to_the_annotations_label_count(tiny_synthetic, tmp_path):
+    main.main(_without_n_classes(_finetune_args(tiny_synthetic, tmp_path, '--n_epochs', '1')))
+    saved = load_checkpoint(tmp_path / 'save_1.pth')
+    assert saved['n_classes'] == 6 and saved['state_dict']['fc.weight'].shape[0] == 6
+    assert json.loads((tmp_path / 'opts.json').read_text())['run']['n_classes'] == 6
+
+
+def test_mixup_on_a_resumed_run_takes_the_class_count_from_the_checkpoint(tiny_synthetic, tmp_path):
+    """Given at the start, --n_classes is not needed to resume, with mixup/cutmix
+    either (their targets used the option's default)."""
+    main.main(_finetune_args(tiny_synthetic, tmp_path, '--n_epochs', '1', '--mixup_alpha', '0.4'))
+    main.main(_without_n_classes(_finetune_args(
+        tiny_synthetic, tmp_path, '--n_epochs', '2', '--mixup_alpha', '0.4', '--cutmix_alpha', '1.0',
+        '--resume_path', str(tmp_path / 'save_1.pth'))))
+    assert load_checkpoint(tmp_path / 'save_2.pth')['n_classes'] == 6
+
+
+def test_n_pretrain_classes_is_read_from_the_pretrained_file(tiny_synthetic, tmp_path):
+    pretrained = tmp_path / 'pretrained.pth'
+    net = _tiny(n_classes=10)
+    torch.save({'state_dict': {'module.' + k: v for k, v in net.state_dict().items()}}, pretrained)
+    main.main(_without_n_classes(_finetune_args(
+        tiny_synthetic, tmp_path / 'ft', '--n_epochs', '1', '--pretrain_path', str(pretrained),
+        '--ft_begin_module', 'fc')))
+    weights = load_checkpoint(tmp_path / 'ft' / 'save_1.pth')['state_dict']
+    assert weights['fc.weight'].shape[0] == 6
+    assert torch.equal(weights['layer1.0.conv1.weight'], net.state_dict()['layer1.0.conv1.weight'])
+
+
+def test_help_shows_where_the_class_count_comes_from():
+    from opts import build_parser
+    text = ' '.join(build_parser().format_help().split())
+    assert ("--n-classes N_CLASSES Number of classes (default: the annotation's label count; "
+            "3D-ResNets-PyTorch's default was 400). Given, it must equal that count "
+            "--n_pretrain_classes") in text  # and no "(default: None)"

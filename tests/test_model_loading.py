@@ -52,11 +52,12 @@ def test_class_count_mismatch_names_the_option(tmp_path):
     net = generate_model(options(n_classes=700))
     path = tmp_path / 'k700.pth'
     torch.save({'state_dict': net.state_dict()}, path)
-    opt = options(pretrain_path=path, n_pretrain_classes=400, n_classes=5)
+    opt = options(pretrain_path=path, n_pretrain_classes=400)
     with pytest.raises(OptionError, match='700 classes: use --n_pretrain_classes 700'):
-        build_model(opt)
-    model = build_model(options(pretrain_path=path, n_pretrain_classes=700, n_classes=5))
-    assert model.fc.out_features == 5
+        build_model(opt, 5)
+    for given in (700, 0):  # 0: read from the file
+        model = build_model(options(pretrain_path=path, n_pretrain_classes=given), 5)
+        assert model.fc.out_features == 5
     assert torch.equal(model.conv1.weight, net.conv1.weight)
 
 
@@ -74,8 +75,7 @@ def test_torchvision_weights_load_as_pretrained(tmp_path):
     tv = torchvision.models.video.r3d_18()
     path = tmp_path / 'r3d_18-b3b3357e.pth'
     torch.save(tv.state_dict(), path)
-    model = build_model(options(model='r3d_18', pretrain_path=path, n_pretrain_classes=400,
-                                n_classes=7))
+    model = build_model(options(model='r3d_18', pretrain_path=path, n_pretrain_classes=400), 7)
     assert model.fc.out_features == 7
     assert torch.equal(model.stem[0].weight, tv.stem[0].weight)
 
@@ -101,10 +101,10 @@ def test_ft_begin_module_names_for_densenet():
 
 def test_synthetic_presets_yield_to_explicit_options():
     opt = parse_opts(['--dataset', 'synthetic', '--result_path', 'r', '--model_depth', '18'])
-    assert opt.model_depth == 18 and opt.n_classes == 6 and opt.no_hflip
+    assert opt.model_depth == 18 and opt.n_classes is None and opt.no_hflip  # the annotation's 6
     opt = parse_opts(['--dataset', 'ucf101', '--result_path', 'r', '--video_path', 'v',
                       '--annotation_path', 'a.json'])
-    assert opt.n_classes == 400 and opt.model_depth == 18 and not opt.no_hflip
+    assert opt.n_classes is None and opt.model_depth == 18 and not opt.no_hflip  # 400 before
 
 
 def test_predecessor_defaults_and_aliases():

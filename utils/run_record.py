@@ -22,8 +22,9 @@ class RunRecord:
     n_parameters: int = 0
     gflops_per_clip: float = 0.0
     frozen_modules: tuple[str, ...] = ()
-    # The options', or a resumed checkpoint's (a resumed run cannot change them).
-    n_classes: int = 0
+    # The options', or a resumed checkpoint's (a resumed run cannot change them);
+    # n_classes None until load_data counts the annotation's labels (not given).
+    n_classes: int | None = None
     ft_begin_module: str = ''
     ft_lr_ratio: float = 1.0
 
