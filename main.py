@@ -34,6 +34,7 @@ from training import (
     OptimizerConfig,
     amp_dtype,
     make_optimizer,
+    optimizer_kind,
     precise_bn,
     train_epoch,
 )
@@ -52,7 +53,7 @@ from utils.failures import EXIT_FAILED, describe_failure
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
 from utils.logs import TsvLogger, truncate_log
-from utils.lr_schedule import LRSchedule, ScheduleConfig, steps_per_epoch
+from utils.lr_schedule import LRSchedule, ScheduleConfig, schedule_kind, steps_per_epoch
 from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.mix import MixConfig
 from utils.preemption import EXIT_PREEMPTED, Preempted, StopRequest, agree_to_stop, requeue_slurm_job
@@ -166,10 +167,12 @@ def prepare(opt, ctx):
     if resume is None and not opt.no_train:
         on_main_rank(ctx, lambda: refuse_or_clear_other_run(opt.result_path, opt.overwrite))
     checkpoint = load_training_checkpoint(resume) if resume is not None else None
+    if checkpoint is not None and not opt.no_train:
+        check_same_optimization(opt, checkpoint, resume)
     record = RunRecord(
         device=str(ctx.device), world_size=ctx.world_size,
         batch_per_process=data.per_process_batch(opt.batch_size, ctx),
-        learning_rate=effective_learning_rate(opt, ctx),
+        learning_rate=run_learning_rate(opt, ctx, checkpoint),
         amp=opt.amp and ctx.device.type == 'cuda',
         normalize_on_device=opt.normalize_on_device == 'on' or
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
@@ -195,6 +198,36 @@ def effective_learning_rate(opt, ctx):
     log(ctx, f'linear lr scaling: lr {opt.learning_rate:g} x {global_batch}/'
              f'{opt.base_batch_size} = {lr:g}')
     return lr
+
+
+def run_learning_rate(opt, ctx, checkpoint):
+    """The full rate (param group 0's) the optimizer starts from: --learning_rate
+    after --lr_scaling, or a resumed checkpoint's, whose optimizer and schedule
+    continue from it (a new --learning_rate is ignored then, in one line)."""
+    lr = effective_learning_rate(opt, ctx)
+    if checkpoint is None or opt.no_train:
+        return lr
+    groups = (checkpoint.get('optimizer') or {}).get('param_groups') or [{}]
+    stored = groups[0].get('initial_lr', lr)  # set by the schedules but plateau
+    stored_opts = checkpoint.get('opts') or {}
+    given = opt.learning_rate != option_default('learning_rate', opt.dataset)
+    if given and opt.learning_rate != stored_opts.get('learning_rate', opt.learning_rate):
+        log(ctx, f'--learning_rate {opt.learning_rate:g} is ignored on resume: the optimizer and its '
+                 f'schedule continue from the checkpoint\'s ({stored:g}); --pretrain_path starts a '
+                 f'new optimization from its weights at a new rate')
+    return stored
+
+
+def check_same_optimization(opt, checkpoint, checkpoint_path):
+    """A resumed run continues its checkpoint's optimizer and schedule: another
+    --optimizer or --lr_scheduler cannot load their states."""
+    for key, stored in (('optimizer', optimizer_kind(checkpoint.get('optimizer'))),
+                        ('lr_scheduler', schedule_kind(checkpoint.get('scheduler')))):
+        value = getattr(opt, key)
+        if stored is not None and value != stored:
+            raise OptionError(f'--{key} {value} differs from the {stored} of --resume_path '
+                              f'{checkpoint_path}: resume with --{key} {stored}, or start a new '
+                              f'optimization from its weights with --pretrain_path {checkpoint_path}')
 
 
 def resume_path(opt, ctx):
@@ -338,11 +371,8 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
         opt.optimizer, record.learning_rate, momentum=opt.momentum, dampening=opt.dampening,
         weight_decay=opt.weight_decay, nesterov=opt.nesterov, head=classifier_name(opt.model),
         backbone_lr_ratio=record.ft_lr_ratio))
-    schedule = LRSchedule(optimizer, ScheduleConfig(
-        opt.lr_scheduler, milestones=tuple(opt.multistep_milestones),
-        plateau_patience=opt.plateau_patience, warmup_epochs=opt.warmup_epochs,
-        min_lr=opt.min_lr, n_epochs=opt.n_epochs),
-        steps_per_epoch(n_batches, opt.accumulation_steps))
+    config = schedule_config(opt, ctx, checkpoint)
+    schedule = LRSchedule(optimizer, config, steps_per_epoch(n_batches, opt.accumulation_steps))
     fp16 = record.amp and amp_dtype(ctx.device, opt.amp_dtype) == torch.float16
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
     ema = make_ema(model, opt.ema_decay) if opt.ema_decay > 0 else None
@@ -352,10 +382,39 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches):
     if checkpoint is not None and 'optimizer' in checkpoint:
         optimizer.load_state_dict(checkpoint['optimizer'])
         schedule.load_state_dict(checkpoint['scheduler'], milestones=(
-            opt.multistep_milestones if opt.overwrite_milestones else None))
+            opt.multistep_milestones if opt.overwrite_milestones else None),
+            patience=config.plateau_patience if 'plateau_patience' in (checkpoint.get('opts') or {})
+            else None)
         if checkpoint.get('scaler') and fp16:  # empty from a bf16 or fp32 run
             scaler.load_state_dict(checkpoint['scaler'])
     return Trainer(optimizer, schedule, scaler, ema)
+
+
+# The schedule settings a resumed run may change, and the schedule each one shapes.
+SCHEDULE_SETTINGS = {'warmup_epochs': 'cosine', 'min_lr': 'cosine', 'plateau_patience': 'plateau'}
+
+
+def schedule_config(opt, ctx, checkpoint):
+    """--lr_scheduler's settings. On resume, a SCHEDULE_SETTINGS option not
+    given is the checkpoint's, and a new value applies from the checkpoint on
+    (one line says so). --warmup_epochs and --min_lr given with another
+    schedule than cosine are named: they do nothing there."""
+    stored = (checkpoint or {}).get('opts') or {}
+    values, given = {}, set()
+    for key, shaped in SCHEDULE_SETTINGS.items():
+        value, old = getattr(opt, key), stored.get(key)
+        if value != option_default(key, opt.dataset):
+            given.add(key)
+        if old is not None and key not in given:
+            value = old
+        elif old is not None and value != old and opt.lr_scheduler == shaped:
+            log(ctx, f'--{key} {value:g} replaces the checkpoint\'s {old:g} from here on')
+        values[key] = value
+    if opt.lr_scheduler != 'cosine' and given & {'warmup_epochs', 'min_lr'}:
+        log(ctx, f'--warmup_epochs and --min_lr shape the cosine schedule only: ignored with '
+                 f'--lr_scheduler {opt.lr_scheduler}')
+    return ScheduleConfig(opt.lr_scheduler, milestones=tuple(opt.multistep_milestones),
+                          n_epochs=opt.n_epochs, **values)
 
 
 @contextlib.contextmanager

@@ -73,6 +73,15 @@ def make_optimizer(model, config):
     return AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
+def optimizer_kind(state):
+    """'sgd' or 'adamw': which optimizer wrote a state_dict (a 3D-ResNets-PyTorch
+    checkpoint's is SGD's), None when it cannot tell."""
+    groups = (state or {}).get('param_groups') or [{}]
+    if 'betas' in groups[0]:
+        return 'adamw'
+    return 'sgd' if 'nesterov' in groups[0] else None
+
+
 def clips_to_device(clips, device, channels_last=False, normalizer=None):
     """Clips to the device, asynchronously from pinned memory, as (N, C, T, H, W)
     float: uint8 (N, T, C, H, W) clips are normalized there by `normalizer`."""

@@ -55,11 +55,24 @@ class LRSchedule:
     def state_dict(self):
         return self.scheduler.state_dict()
 
-    def load_state_dict(self, state, milestones=None):
-        """milestones: replace the checkpoint's (--overwrite_milestones)."""
+    def load_state_dict(self, state, milestones=None, patience=None):
+        """milestones: replace the checkpoint's (--overwrite_milestones);
+        patience: replace the checkpoint's (plateau)."""
         self.scheduler.load_state_dict(state)
         if milestones is not None and self.kind == 'multistep':
             self.scheduler.milestones = Counter(milestones)
+        if patience is not None and self.kind == 'plateau':
+            self.scheduler.patience = patience
+
+
+def schedule_kind(state):
+    """'multistep', 'plateau' or 'cosine': which LRSchedule wrote a state_dict
+    (a 3D-ResNets-PyTorch checkpoint's is MultiStepLR's), None when it cannot tell."""
+    state = state or {}
+    for key, kind in (('milestones', 'multistep'), ('patience', 'plateau'), ('lr_lambdas', 'cosine')):
+        if key in state:
+            return kind
+    return None
 
 
 def _warmup_cosine(total, warmup, floor):

@@ -1,0 +1,77 @@
+"""What a resumed run does with optimization options other than its
+checkpoint's: another --optimizer or --lr_scheduler is refused in one line;
+a new --learning_rate is ignored (said); a new --plateau_patience,
+--warmup_epochs or --min_lr applies from the checkpoint on (said), and one not
+given is the checkpoint's. Options that shape no part of the chosen schedule
+are named at start."""
+import pytest
+import torch
+
+import main
+from tests.conftest import tiny_args
+from utils.checkpoint import load_checkpoint
+from utils.logs import read_tsv
+
+
+def run(tiny, result, *extra):
+    main.main(tiny_args(*tiny, result, '--no_val', '--checkpoint', '1', *extra))
+
+
+def refused(tiny, result, capsys, *extra):
+    with pytest.raises(SystemExit) as stop:
+        run(tiny, result, *extra)
+    assert stop.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_another_optimizer_or_schedule_on_resume_is_refused(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--warmup_epochs', '2', '--min_lr', '0.001')
+    out = capsys.readouterr().out
+    assert ('--warmup_epochs and --min_lr shape the cosine schedule only: ignored with '
+            '--lr_scheduler multistep') in out
+    resume = ('--n_epochs', '2', '--resume_path', str(tmp_path / 'save_1.pth'))
+    for extra, given, stored in ((('--lr_scheduler', 'cosine'), '--lr_scheduler cosine', 'multistep'),
+                                 (('--lr_scheduler', 'plateau'), '--lr_scheduler plateau', 'multistep'),
+                                 (('--optimizer', 'adamw'), '--optimizer adamw', 'sgd')):
+        lines = refused(tiny_synthetic, tmp_path, capsys, *resume, *extra)
+        assert len(lines) == 1 and lines[0].startswith(f'error: {given} differs from the {stored} of '
+                                                       f'--resume_path'), lines
+        assert f'resume with {given.split()[0]} {stored}' in lines[0] and '--pretrain_path' in lines[0]
+    assert not (tmp_path / 'save_2.pth').exists()
+
+
+def test_schedule_settings_on_resume(tiny_synthetic, tmp_path, capsys):
+    cosine = ('--lr_scheduler', 'cosine', '--warmup_epochs', '1', '--min_lr', '0.002')
+    whole = tmp_path / 'whole'
+    run(tiny_synthetic, whole, '--n_epochs', '2', *cosine)
+    # Resumed without the schedule options: the checkpoint's, so the run is the same.
+    same = tmp_path / 'same'
+    run(tiny_synthetic, same, '--n_epochs', '2', '--lr_scheduler', 'cosine',
+        '--resume_path', str(whole / 'save_1.pth'))
+    a, b = (load_checkpoint(d / 'save_2.pth')['state_dict'] for d in (whole, same))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    capsys.readouterr()
+    # New values: --min_lr applies from the checkpoint on, --learning_rate is ignored.
+    other = tmp_path / 'other'
+    run(tiny_synthetic, other, '--n_epochs', '2', '--lr_scheduler', 'cosine', '--warmup_epochs', '1',
+        '--min_lr', '0.005', '--learning_rate', '0.05', '--resume_path', str(whole / 'save_1.pth'))
+    out = capsys.readouterr().out
+    assert "--min_lr 0.005 replaces the checkpoint's 0.002 from here on" in out
+    assert "--learning_rate 0.05 is ignored on resume: the optimizer and its schedule continue " \
+           "from the checkpoint's (0.01)" in out
+    last = [float(r['lr']) for r in read_tsv(other / 'train_batch.log')][-1]
+    # cosine step 4 of 6 after a 3-step warmup: floor + (1 - floor) * (1 + cos(pi * 2/3)) / 2
+    floor = 0.005 / 0.01
+    assert last == pytest.approx(0.01 * (floor + (1 - floor) * 0.25), rel=1e-4)
+
+
+def test_plateau_patience_on_resume(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--lr_scheduler', 'plateau', '--plateau_patience', '3')
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--lr_scheduler', 'plateau',
+        '--resume_path', str(tmp_path / 'save_1.pth'))
+    assert load_checkpoint(tmp_path / 'save_2.pth')['scheduler']['patience'] == 3  # kept
+    capsys.readouterr()
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--lr_scheduler', 'plateau', '--plateau_patience', '1',
+        '--resume_path', str(tmp_path / 'save_1.pth'))
+    assert "--plateau_patience 1 replaces the checkpoint's 3 from here on" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / 'save_2.pth')['scheduler']['patience'] == 1
