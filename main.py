@@ -64,7 +64,7 @@ from utils.result_folder import (
     refuse_or_clear_other_run,
 )
 from utils.resumable_data import start_epoch
-from utils.retention import BestTracker, checkpoint_name, prune_checkpoints
+from utils.retention import BestTracker, checkpoint_name, drop_best_after, prune_checkpoints
 from utils.run_record import RunRecord
 from validation import val_epoch
 
@@ -620,6 +620,12 @@ class CheckpointSaver:
     def __init__(self, opt, ctx, record, model, trainer, class_names):
         self.opt, self.ctx = opt, ctx
         self.state = (record, model, trainer, class_names)  # what save_checkpoint takes
+        if ctx.is_main:
+            dropped = drop_best_after(opt.result_path, record.begin_epoch - 1)
+            if dropped is not None:
+                log(ctx, f'best.pth (epoch {dropped}) is after the checkpoint the run resumes (epoch '
+                         f'{record.begin_epoch - 1}): deleted, as the logs of those epochs are; '
+                         f'best.pth follows the epochs trained from here')
         self.best = BestTracker(opt.result_path) if ctx.is_main and opt.keep_last else None
 
     def save(self, epoch, batches_done=0):
@@ -694,10 +700,12 @@ def save_checkpoint(path, epoch, opt, record, model, trainer, class_names, batch
 
 def evaluate(opt, ctx, record, config, model, val_loader, tb_writer, class_names):
     """Validation only (--no_train): the weights of the resumed epoch, appended to
-    val.log as the predecessor did (scripts read it)."""
-    epoch = record.begin_epoch - 1
+    val.log as the predecessor did (scripts read it). A mid-epoch checkpoint's
+    row is the epoch it was written in."""
+    epoch = record.begin_epoch if record.begin_batch else record.begin_epoch - 1
     stats = val_epoch(epoch, val_loader, model, ctx, config, tb_writer, class_names)
-    log(ctx, f'validation: {describe_validation(stats)} ({stats["n_videos"]} videos)')
+    within = f' of epoch {epoch} after {record.begin_batch} of its batches' if record.begin_batch else ''
+    log(ctx, f'validation{within}: {describe_validation(stats)} ({stats["n_videos"]} videos)')
     if ctx.is_main:
         with TsvLogger(opt.result_path / 'val.log', VAL_LOG_COLUMNS) as val_log:
             val_log.log(dict(epoch=epoch, **stats))

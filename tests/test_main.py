@@ -272,3 +272,10 @@ def test_two_channel_flow_from_hdf5(tiny_synthetic, tmp_path):
     weights = load_checkpoint(tmp_path / 'r' / 'save_1.pth')['state_dict']
     assert weights['conv1.weight'].shape[1] == 2
     assert len(json.loads((tmp_path / 'r' / 'val.json').read_text())['results']) == 12
+
+
+def test_no_train_on_a_mid_epoch_checkpoint_logs_the_epoch_it_is_in(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--checkpoint_steps', '1')
+    run(tiny_synthetic, tmp_path / 'eval', '--no_train', '--resume_path', str(tmp_path / 'save_1_2.pth'))
+    assert [r['epoch'] for r in read_tsv(tmp_path / 'eval' / 'val.log')] == ['1']
+    assert 'validation of epoch 1 after 2 of its batches:' in capsys.readouterr().out

@@ -52,3 +52,34 @@ def test_keep_last_and_best_in_a_run(tiny_synthetic, tmp_path):
     best = json.loads((result / 'best.json').read_text())
     assert best['epoch'] == best_epoch and abs(best['val_video_acc'] - max(accs)) < 1e-6  # log: 6 digits
     assert load_checkpoint(result / 'best.pth')['epoch'] == best_epoch
+
+
+def _claim_best(folder, epoch, acc):
+    """best.json/best.pth as a run that reached `acc` at `epoch` leaves them."""
+    torch.save({'epoch': epoch, 'state_dict': {}}, folder / 'best.pth')
+    (folder / 'best.json').write_text(json.dumps({'epoch': epoch, 'val_video_acc': acc}))
+
+
+def test_best_is_cut_back_on_resume_and_in_a_fresh_run(tiny_synthetic, tmp_path, capsys):
+    """best.json/best.pth of epochs a run redoes (after its checkpoint; all of
+    them in a fresh run) are dropped, as the logs' rows are: a best claimed by
+    the abandoned history no longer keeps the run from writing its own."""
+    result = tmp_path / 'r'
+    args = tiny_args(*tiny_synthetic, result, '--checkpoint', '1', '--keep_last', '5')
+    main.main([*args, '--n_epochs', '1'])
+    assert json.loads((result / 'best.json').read_text())['epoch'] == 1
+    _claim_best(result, 2, 1.01)  # as if a diverged run had been best at epoch 2
+    main.main([*args, '--n_epochs', '2', '--resume_path', str(result / 'save_1.pth')])
+    assert 'best.pth (epoch 2) is after the checkpoint the run resumes (epoch 1)' in \
+        capsys.readouterr().out
+    # The earlier best.pth was overwritten by the dropped one: best.pth follows the
+    # epochs trained since the resume.
+    best = json.loads((result / 'best.json').read_text())
+    acc_2 = float(read_tsv(result / 'val.log')[1]['acc'])
+    assert best['epoch'] == 2 and abs(best['val_video_acc'] - acc_2) < 1e-6
+    fresh = tmp_path / 'fresh'
+    fresh.mkdir()
+    _claim_best(fresh, 7, 1.01)  # all that is left of another run
+    main.main([*tiny_args(*tiny_synthetic, fresh, '--keep_last', '5'), '--n_epochs', '1'])
+    assert json.loads((fresh / 'best.json').read_text())['epoch'] == 1
+    assert load_checkpoint(fresh / 'best.pth')['epoch'] == 1

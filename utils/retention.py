@@ -66,3 +66,24 @@ class BestTracker:
         tmp = self.record.with_suffix('.json.tmp')
         tmp.write_text(json.dumps({'epoch': epoch, 'val_video_acc': video_acc}))
         tmp.replace(self.record)
+
+
+def drop_best_after(result_path, last_epoch):
+    """best.pth and best.json of an epoch after last_epoch (the resumed
+    checkpoint's completed epochs; 0 for a fresh run) belong to a history the
+    run redoes or is not its own: both are deleted, as the logs' rows of those
+    epochs are (best.pth without a readable best.json too). Returns the epoch
+    best.pth was of (None: nothing deleted)."""
+    record, path = Path(result_path) / 'best.json', Path(result_path) / BEST
+    try:
+        epoch = json.loads(record.read_text())['epoch']
+    except (OSError, ValueError, KeyError, TypeError):
+        epoch = None  # no record: best.pth cannot be compared
+        if not path.exists():
+            record.unlink(missing_ok=True)
+            return None
+    if epoch is not None and epoch <= last_epoch:
+        return None
+    path.unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
+    return epoch if epoch is not None else '?'
