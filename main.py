@@ -158,6 +158,7 @@ def prepare(opt, ctx):
         torch.backends.cudnn.benchmark = not opt.deterministic
     if opt.deterministic:
         make_deterministic()
+    refuse_bf16_below_sm80(opt, ctx)
     if opt.amp and ctx.device.type != 'cuda':
         # bf16 convolutions are no faster than fp32 on most CPUs, and oneDNN's
         # bf16 conv3d backward gave sporadic infinite weight gradients here.
@@ -179,6 +180,20 @@ def prepare(opt, ctx):
         video_path=video_path, annotation_path=annotation_path,
         resume_path=resume, **fine_tuning_settings(opt, checkpoint, resume))
     return record, checkpoint
+
+
+def refuse_bf16_below_sm80(opt, ctx):
+    """--amp_dtype bf16 on a GPU below compute capability 8.0 (V100, T4, RTX 20xx):
+    torch.cuda.is_bf16_supported() says yes there (it counts emulation), but
+    cuDNN has no bf16 3D convolutions to run."""
+    if not (opt.amp and opt.amp_dtype == 'bf16' and ctx.device.type == 'cuda'):
+        return
+    major, minor = torch.cuda.get_device_capability(ctx.device)
+    if (major, minor) < (8, 0):
+        raise OptionError(f'--amp_dtype bf16 needs a GPU of compute capability 8.0 or more '
+                          f'(A100, H100, RTX 30xx); {torch.cuda.get_device_name(ctx.device)} '
+                          f'has {major}.{minor}: leave --amp_dtype out (fp16 with a '
+                          f'GradScaler there) or give --amp_dtype fp16')
 
 
 def make_deterministic():

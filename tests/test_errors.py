@@ -325,3 +325,24 @@ def test_failures_in_one_line(message, needles):
 def test_other_errors_are_not_described():
     assert describe_failure(raised('mat1 and mat2 shapes cannot be multiplied'), OPTIONS) is None
     assert describe_failure(ValueError('Connection reset by peer'), OPTIONS) is None
+
+
+@pytest.mark.parametrize('capability, refused', [((7, 0), True), ((7, 5), True), ((8, 0), False)])
+def test_bf16_on_a_gpu_below_compute_capability_8_is_refused_in_one_line(
+        data_copy, tmp_path, capsys, monkeypatch, capability, refused):
+    """A faked GPU: the check runs before anything touches CUDA."""
+    import torch
+
+    from utils import distributed as du
+    monkeypatch.setattr(du, 'select_device', lambda no_cuda, local_rank: torch.device('cuda', 0))
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Tesla V100-SXM2-16GB')
+    args = tiny_args(*data_copy, tmp_path / 'r', '--amp', '--amp_dtype', 'bf16')
+    if refused:
+        err = fails_with(capsys, args, '--amp_dtype bf16 needs a GPU of compute capability 8.0',
+                         f'Tesla V100-SXM2-16GB has {capability[0]}.{capability[1]}',
+                         '--amp_dtype fp16')
+        assert len(err.strip().splitlines()) == 1
+    else:
+        opt = main.parse_opts(args)
+        main.refuse_bf16_below_sm80(opt, du.DistContext(device=torch.device('cuda', 0)))
