@@ -31,7 +31,7 @@ from datasets.video_index import load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from opts import OptionError
 from utils.distributed import barrier
-from utils.preemption import shield_loader_worker
+from utils.preemption import shield_loader_worker, stop_signals_blocked
 from utils.resumable_data import ResumableSampler, SeededSamples
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
@@ -147,11 +147,13 @@ class VideoDataLoader(DataLoader):
     a worker that dies anyway is reported in one line (utils/failures.py)."""
 
     def __init__(self, dataset, **kwargs):
-        kwargs.setdefault('worker_init_fn', shield_loader_worker)
-        super().__init__(dataset, collate_fn=collate, **kwargs)
+        super().__init__(dataset, collate_fn=collate, worker_init_fn=shield_loader_worker,
+                         **kwargs)
 
     def __iter__(self):
-        for batch in super().__iter__():
+        with stop_signals_blocked():  # until each worker has its shield
+            batches = super().__iter__()
+        for batch in batches:
             if isinstance(batch, BadVideo):
                 raise DataError(batch.message)
             yield batch

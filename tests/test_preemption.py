@@ -17,11 +17,13 @@ from utils.distributed import DistContext
 from utils.logs import read_tsv
 from utils.preemption import (
     EXIT_PREEMPTED,
+    STOP_SIGNALS,
     StopRequest,
     agree_to_stop,
     requeue_slurm_job,
     shield_loader_worker,
 )
+from utils.processes import child_pids
 from utils.retention import checkpoint_name
 
 
@@ -197,21 +199,36 @@ def _signal_from_another_process(pid, sig):
     subprocess.run([sys.executable, '-c', f'import os; os.kill({pid}, {int(sig)})'], check=True)
 
 
+def _signal_bits(pid, field):
+    """The signals of /proc/<pid>/status's SigBlk / SigIgn mask."""
+    for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+        if line.startswith(field + ':'):
+            mask = int(line.split()[1], 16)
+            return {s for s in signal.Signals if mask >> (s - 1) & 1}
+    raise AssertionError(field)
+
+
 def test_loader_workers_leave_stop_signals_to_the_main_process():
     """A stop signal sent to the process group (torchrun ending the job, Ctrl-C)
     reaches the loader workers too. Before, they died of it and the main process
     failed with 'DataLoader worker ... is killed by signal: Terminated' instead of
     writing its checkpoint. The main process's own SIGTERM still ends a worker."""
-    loader = torch.utils.data.DataLoader(SlowItems(), batch_size=1, num_workers=1,
-                                         worker_init_fn=shield_loader_worker)
+    from dataset import VideoDataLoader
+    loader = VideoDataLoader(SlowItems(), batch_size=1, num_workers=1)
+    before = set(child_pids(os.getpid()))
     batches = iter(loader)
     seen = [int(next(batches))]
-    worker = batches._workers[0]
+    (worker_pid,) = set(child_pids(os.getpid())) - before
+    assert {signal.SIGINT, signal.SIGUSR1} <= _signal_bits(worker_pid, 'SigIgn')
+    assert signal.SIGTERM in _signal_bits(worker_pid, 'SigBlk')
+    assert not set(STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])  # ours again
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        _signal_from_another_process(worker.pid, sig)
+        _signal_from_another_process(worker_pid, sig)
     seen += [int(b) for b in batches]
     assert seen == list(range(6))
-    batches = iter(loader)
+    shielded = torch.utils.data.DataLoader(SlowItems(), batch_size=1, num_workers=1,
+                                           worker_init_fn=shield_loader_worker)
+    batches = iter(shielded)
     next(batches)
     worker = batches._workers[0]
     os.kill(worker.pid, signal.SIGTERM)  # from the main process, as at its shutdown

@@ -163,8 +163,12 @@ def test_a_peer_killed_mid_epoch_is_one_line_on_the_surviving_rank(tiny_syntheti
     assert 'Traceback' not in err, err
     lines = [line for line in err.splitlines() if line.startswith('error:')]
     assert len(lines) == 1, err
+    # The collective that failed; rarely, torchrun's SIGTERM to the process group
+    # comes first, while the rank is between steps.
     assert lines[0].startswith(('error: rank 0: ', 'error: rank 1: ')) and \
-        'another process of the job died' in lines[0] and '--auto_resume' in lines[0], err
+        '--auto_resume' in lines[0], err
+    assert 'another process of the job died' in lines[0] or \
+        'sent to the whole process group' in lines[0], err
     assert load_checkpoint(result / f'save_{n_epochs}.pth')['epoch'] == n_epochs
 
 

@@ -7,6 +7,7 @@ step it is in, the ranks agree to stop at the same step (one tiny collective
 over a CPU group), a checkpoint is written, and the process exits with
 EXIT_PREEMPTED. Under SLURM with --requeue, rank 0 requeues the job first.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,12 +85,26 @@ def shield_loader_worker(worker_id=None):
     step and writing its checkpoint. The workers ignore SIGINT and SIGUSR1, and
     SIGTERM unless the main process sends it (it ends a stuck worker that way
     at shutdown, and multiprocessing at exit)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a pending one (stop_signals_blocked) is dropped
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGUSR1})
     # Blocked in every thread of the worker, and taken by one that can see the sender.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
                      name='sigterm_from_main').start()
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """The stop signals blocked in this thread while loader workers are forked:
+    a worker inherits the mask, so a signal to the process group that comes
+    before shield_loader_worker runs waits there instead of killing it; this
+    process gets it when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _exit_on_sigterm_from(parent):

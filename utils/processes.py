@@ -1,6 +1,7 @@
 """Processes found through /proc (Linux), without pgrep or ps: the self-check
 and the tests run where those tools may be missing."""
 import os
+import signal
 
 
 def _stat_fields(pid):
@@ -30,3 +31,24 @@ def alive(pid):
         return _stat_fields(pid)[0] != 'Z'
     except OSError:
         return False
+
+
+def descendants(pid):
+    """pid and every process below it (children of children), parents first."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        found.append(p)
+        todo += child_pids(p)
+    return found
+
+
+def kill_tree(pid, sig=signal.SIGKILL):
+    """Sends sig to pid and every process below it, found first (a killed
+    parent's children are handed to init and no longer found). torchrun starts
+    each worker in a session of its own, out of reach of killpg on the agent."""
+    for p in descendants(pid):
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
