@@ -1,0 +1,240 @@
+"""The GPU self-check's checks on 2 GPUs or more (SKIPped on fewer; on a CPU dry
+run 2 gloo processes stand in). QUICK_CHECKS: the paths issue 19 lists."""
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+from bench.gpu_checks_common import (
+    MAIN,
+    Check,
+    Failed,
+    Sampler,
+    Skip,
+    batch_rows,
+    count_graph_breaks,
+    finite_losses,
+    gpu_processes,
+    last_rate,
+    max_weight_diff,
+    ok,
+    read_log,
+    train_losses,
+    wait_for,
+)
+from utils.processes import alive, child_pids, descendants, kill_tree
+
+# cuDNN and cuBLAS pick TF32 kernels by shape (convolutions use TF32 by default):
+# comparisons of 1 and 2 processes turn it off, with --deterministic.
+NO_TF32 = {'NVIDIA_TF32_OVERRIDE': '0'}
+FROZEN_TIMEOUT = 20  # --dist_timeout of the frozen-rank check
+
+
+def check_compile_ddp_2gpu(c):
+    """--compile under DDP with --accumulation_steps 2 (no_sync), --channels_last,
+    --grad_checkpointing and --batchnorm_sync: it trains; graph breaks counted
+    over both ranks (SyncBatchNorm may break the graph at every layer); speed
+    against eager."""
+    extra = ['--n_epochs', '2', '--no_val', '--accumulation_steps', '2', '--channels_last',
+             '--grad_checkpointing', '--batchnorm_sync']
+    runs = {}
+    for mode in ('eager', 'compile'):
+        result = c.result_path(mode)
+        flag = ['--compile'] if mode == 'compile' else []
+        out = ok(c.torchrun(2, result, *extra, *flag, timeout=1800,
+                            env=c.env(TORCH_LOGS='graph_breaks')), f'{mode} on 2 processes')
+        finite_losses(result)
+        runs[mode] = (last_rate(result)[0], count_graph_breaks(out))
+    ratio = runs['compile'][0] / runs['eager'][0]
+    return (f'{runs["compile"][1]} graph breaks over 2 ranks; epoch 2 at {runs["compile"][0]:.0f} '
+            f'clips/s compiled vs {runs["eager"][0]:.0f} eager ({ratio:.2f}x)')
+
+
+def check_gradckpt_syncbn_2gpu(c):
+    """--grad_checkpointing with --batchnorm_sync on 2 GPUs (SyncBatchNorm's
+    all_gathers run again in the recomputed backward): weights equal to the
+    plain run's within 1e-4 (--deterministic, TF32 off)."""
+    extra = ['--n_epochs', '1', '--no_val', '--batchnorm_sync', '--deterministic']
+    results = {}
+    for mode in ('plain', 'checkpointed'):
+        results[mode] = c.result_path(mode)
+        flag = ['--grad_checkpointing'] if mode == 'checkpointed' else []
+        ok(c.torchrun(2, results[mode], *extra, *flag, env=c.env(**NO_TF32)), f'{mode} run')
+    a, b = results['plain'] / 'save_1.pth', results['checkpointed'] / 'save_1.pth'
+    params = max_weight_diff(a, b, parameters_only=True)
+    everything = max_weight_diff(a, b)
+    if everything > 1e-4:
+        raise Failed(f'weights differ by up to {params:.2e}, with BatchNorm statistics '
+                     f'{everything:.2e}')
+    return f'max difference {params:.2e} (weights), {everything:.2e} (with BatchNorm statistics)'
+
+
+def check_precise_bn_syncbn_2gpu(c):
+    """--precise_bn with --batchnorm_sync on 2 GPUs: the statistics pass runs and
+    validation follows."""
+    result = c.result_path('precise_bn')
+    ok(c.torchrun(2, result, '--n_epochs', '2', '--batchnorm_sync', '--precise_bn', '4'),
+       '--precise_bn 4 --batchnorm_sync')
+    rows = read_log(result / 'val.log')
+    if not rows:
+        raise Failed('no validation after the precise BN pass')
+    last = rows[-1]
+    return f'val loss {float(last["loss"]):.4f}, video acc {float(last["acc"]):.4f} after 2 epochs'
+
+
+def check_spawn_2gpu(c):
+    """--distributed without a launcher (main.py's mp.spawn) on 2 GPUs: the job
+    trains, and each GPU holds one CUDA context of it (processes per GPU)."""
+    from utils.distributed import free_port
+    result = c.result_path('spawn')
+    env = c.env() if c.cpu else c.env(CUDA_VISIBLE_DEVICES='0,1')
+    cmd = [sys.executable, MAIN, *c.args(result, '--distributed', '--n_epochs', '2', '--dist_url',
+                                          f'tcp://127.0.0.1:{free_port()}', '--world_size', '1')]
+    proc = c.popen(cmd, env=env)
+    with Sampler(lambda: (set(descendants(proc.pid)), gpu_processes()), 0.5) as sampler:
+        sampler.active.set()
+        out, err = proc.communicate(timeout=900)
+    if proc.returncode != 0:
+        raise Failed(f'exit {proc.returncode}: {(out + err).strip()[-400:]}')
+    n = 1 if c.cpu else 2
+    if f'{n} process(es)' not in out:
+        raise Failed(f'expected {n} processes: {out.strip()[-300:]}')
+    counts = {}
+    for ours, per_gpu in sampler.samples:
+        for gpu, pids in (per_gpu or {}).items():
+            counts[gpu] = max(counts.get(gpu, 0), len(pids & ours))
+    if c.cpu:
+        return f'trained on {n} process (CPU: main.py spawns one per GPU; none here)'
+    if not any(counts.values()):
+        raise Skip('the job trained on 2 processes, but pynvml/nvidia-smi list none of its '
+                   'pids (a PID namespace?): contexts per GPU not counted')
+    if any(counts.get(g, 0) != 1 for g in (0, 1)):
+        raise Failed(f'processes of the job per GPU (most at once): {counts}')
+    return f'trained on 2 processes; processes of the job per GPU: {counts}'
+
+
+def check_dist_timeout_nccl(c):
+    """--dist_timeout under NCCL: one rank frozen with SIGSTOP mid-epoch, the other
+    exits within about the timeout, with one line."""
+    result = c.result_path('frozen')
+    cmd = c.torchrun_cmd(2, result, '--n_epochs', '50', '--no_val', '--dist_timeout',
+                         str(FROZEN_TIMEOUT), '--log_interval', '1')
+    proc = c.popen(cmd)
+    try:
+        wait_for(lambda: batch_rows(result) >= 4, proc, 'four training steps', 300)
+        workers = child_pids(proc.pid)
+        if len(workers) != 2:
+            raise Failed(f'expected 2 ranks under torchrun, found {workers}')
+        os.kill(workers[1], signal.SIGSTOP)
+        t0 = time.time()
+        while alive(workers[0]) and time.time() - t0 < 10 * FROZEN_TIMEOUT + 60:
+            time.sleep(0.1)
+        seconds = time.time() - t0
+        print(f'the other rank ended {seconds:.1f} s after the freeze', flush=True)
+    finally:
+        kill_tree(proc.pid)  # the frozen rank too: SIGKILL reaches a stopped process
+    out, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.startswith('error: rank')]
+    if seconds > 3 * FROZEN_TIMEOUT + 30:
+        raise Failed(f'the other rank was still running {seconds:.0f} s after the freeze '
+                     f'(--dist_timeout {FROZEN_TIMEOUT})')
+    return (f'the other rank exited {seconds:.0f} s after the freeze (--dist_timeout '
+            f'{FROZEN_TIMEOUT}); {len(lines)} error line(s), {err.count("Traceback")} '
+            f'traceback(s): {lines[0][:160] if lines else err.strip()[-160:]}')
+
+
+# ----------------------------------------------------------------------------- the rest
+
+def check_syncbn_2_vs_1(c):
+    """One epoch on the same global batches: 2 GPUs with SyncBatchNorm against 1.
+    A small learning rate, so that rounding differences are not amplified."""
+    extra = ['--n_epochs', '1', '--batchnorm_sync', '--no_val', '--deterministic',
+             '--learning_rate', '0.001']
+    one, two = c.result_path('sync_1'), c.result_path('sync_2')
+    ok(c.torchrun(1, one, *extra, env=c.env(**NO_TF32)), '1 GPU')
+    ok(c.torchrun(2, two, *extra, env=c.env(**NO_TF32)), '2 GPUs')
+    a, b = train_losses(one)[0], train_losses(two)[0]
+    if abs(a - b) > 2e-3 * max(1.0, abs(a)):
+        raise Failed(f'epoch loss {a:.6f} on 1 GPU, {b:.6f} on 2')
+    return f'epoch loss {a:.6f} (1 GPU) vs {b:.6f} (2 GPUs), --deterministic, TF32 off'
+
+
+def last_validation(result):
+    rows = read_log(result / 'val.log') if (result / 'val.log').exists() else []
+    if not rows:
+        raise Failed(f'no validation in {result / "val.log"}')
+    return tuple(float(rows[-1][k]) for k in ('loss', 'acc', 'clip_acc'))
+
+
+def check_nccl_validation(c):
+    """Validation on 1 and 2 processes within 1e-4: --deterministic and
+    NVIDIA_TF32_OVERRIDE=0 (cudnn.benchmark and TF32 otherwise choose kernels
+    by batch shape, and the two runs see different batch shapes)."""
+    trained = c.result_path('val_source')
+    ok(c.main_py(trained, '--n_epochs', '1', '--no_val'), 'training')
+    results = [c.result_path(f'val_{n}') for n in (1, 2)]
+    for n, result in zip((1, 2), results):
+        ok(c.torchrun(n, result, '--no_train', '--deterministic', '--resume_path',
+                      str(trained / 'save_1.pth'), env=c.env(**NO_TF32)), f'{n} process(es)')
+    one, two = (last_validation(r) for r in results)
+    if any(abs(x - y) > 1e-4 for x, y in zip(one, two)):
+        raise Failed(f'loss/video acc/clip acc {one} on 1 process, {two} on 2')
+    return f'loss, video acc, clip acc {one} on 1 and 2 processes (--deterministic, TF32 off)'
+
+
+def check_exit_after_rank_failure(c):
+    """A video whose frames are corrupt fails on the one rank that loads it;
+    the job must exit (not hang in destroy_process_group)."""
+    data = c.work / 'data_corrupt'
+    if not data.exists():
+        shutil.copytree(c.data, data)
+        from datasets.synthetic import ANNOTATION_NAME
+        annotation = json.loads((data / ANNOTATION_NAME).read_text())
+        video, entry = next((k, v) for k, v in annotation['database'].items()
+                            if v['subset'] == 'training')
+        for frame in (data / 'jpg' / entry['annotations']['label'] / video).glob('*.jpg'):
+            frame.write_bytes(b'not a jpeg')  # one training video: one rank fails
+    result = c.result_path('rank_failure')
+    cmd = [a if a != str(c.data) else str(data) for a in c.torchrun_cmd(2, result, '--n_epochs', '1')]
+    proc = c.run(cmd, timeout=600)
+    if proc.returncode == 0:
+        raise Failed('the job succeeded on corrupt frames')
+    if proc.seconds > 120:
+        raise Failed(f'the job took {proc.seconds:.0f} s to exit after one rank failed')
+    return f'exited {proc.returncode} after {proc.seconds:.0f} s'
+
+
+def check_ddp_scaling(c):
+    n = 2 if c.cpu else min(c.n_gpus, 8)
+    out = ok(c.run([sys.executable, '-m', 'bench.ddp_scaling', '--device',
+                    'cpu' if c.cpu else 'cuda', '--nprocs', '1', str(n), '--global_batch',
+                    str(8 * n), '--model_depth', '18', '--sample_size', '112',
+                    '--sample_duration', '16', '--steps', '10'], 900), 'bench.ddp_scaling')
+    return ' | '.join(line.strip() for line in out.strip().splitlines()[-3:])
+
+
+QUICK_CHECKS = {
+    'compile_ddp_2gpu': Check(check_compile_ddp_2gpu, 300, '--compile under DDP with '
+                              'accumulation, channels_last, grad checkpointing, SyncBatchNorm',
+                              gpus=2, quick=True),
+    'gradckpt_syncbn_2gpu': Check(check_gradckpt_syncbn_2gpu, 120, '--grad_checkpointing with '
+                                  '--batchnorm_sync: weights equal to a plain run\'s', gpus=2,
+                                  quick=True),
+    'precise_bn_syncbn_2gpu': Check(check_precise_bn_syncbn_2gpu, 90, '--precise_bn with '
+                                    '--batchnorm_sync runs', gpus=2, quick=True),
+    'spawn_2gpu': Check(check_spawn_2gpu, 120, 'main.py\'s own spawner: one CUDA context per GPU',
+                        gpus=2, quick=True),
+    'dist_timeout_nccl': Check(check_dist_timeout_nccl, 150, 'a frozen rank under NCCL: the '
+                               'other exits after --dist_timeout', gpus=2, quick=True),
+}
+
+CHECKS = {
+    'syncbn_2_vs_1': Check(check_syncbn_2_vs_1, 120, 'SyncBatchNorm on 2 GPUs = 1 GPU on the '
+                           'global batch', gpus=2),
+    'nccl_validation': Check(check_nccl_validation, 120, 'validation on 2 processes = 1', gpus=2),
+    'exit_after_rank_failure': Check(check_exit_after_rank_failure, 150, 'one rank fails: the '
+                                     'job exits', gpus=2),
+    'ddp_scaling': Check(check_ddp_scaling, 300, 'bench.ddp_scaling on the GPUs', gpus=2),
+}
