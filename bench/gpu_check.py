@@ -1,6 +1,6 @@
 """GPU self-check: run it once on a machine with NVIDIA GPUs before a long job.
 
-    python -m bench.gpu_check --quick            # the GPU-only paths never run before (~8 min, 1 GPU)
+    python -m bench.gpu_check --quick            # the GPU-only paths never run before, within 480 s
     python -m bench.gpu_check --rest --skip_suite  # the checks --quick leaves out
     python -m bench.gpu_check                    # every check
     python -m bench.gpu_check --only compile_1gpu ema_cost
