@@ -34,7 +34,7 @@ from utils.checkpoint import (
 )
 from utils.distributed import free_port
 from utils.logs import read_tsv
-from utils.processes import alive, child_pids
+from utils.processes import alive, child_pids, kill_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 N_EPOCHS = 4
@@ -76,8 +76,9 @@ def finish(proc, log_path, timeout=600):
         rc = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         rc = 'timeout'
+    kill_tree(proc.pid)  # leftovers of this run only: torchrun's workers have sessions of their own
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers (workers) of this run only
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     if rc != 0:
