@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from datasets.annotation import SUBSET_NAMES, DataError, check_videos
+from datasets.annotation import SUBSET_NAMES, check_videos
 from datasets.frame_check import default_cache_dir
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
@@ -29,8 +29,8 @@ from datasets.temporal_transforms import (
 )
 from datasets.video_index import load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
-from opts import OptionError
 from utils.distributed import barrier
+from utils.errors import DataError, OptionError
 from utils.preemption import shield_loader_worker, stop_signals_blocked
 from utils.resumable_data import ResumableSampler, SeededSamples
 

@@ -21,12 +21,12 @@ import torch
 import torch.multiprocessing as mp
 
 import dataset as data
-from datasets.annotation import SUBSET_NAMES, DataError
+from datasets.annotation import SUBSET_NAMES
 from datasets.bad_videos import SkipBadVideos
 from datasets.frame_check import count_short_videos
 from inference import run_inference, write_features
 from model import build_model, classifier_name, freeze_before, load_state_dict_checked, make_parallel
-from opts import OptionError, option_default, opts_to_dict, parse_opts, save_opts
+from opts import option_default, opts_to_dict, parse_opts, save_opts
 from training import (
     EpochExtras,
     EpochTotals,
@@ -40,7 +40,6 @@ from training import (
 )
 from utils import distributed as du
 from utils.checkpoint import (
-    CheckpointError,
     capture_rng_state,
     find_latest_checkpoint,
     load_training_checkpoint,
@@ -49,6 +48,7 @@ from utils.checkpoint import (
     save_checkpoint_atomic,
 )
 from utils.ema import ModelEma, ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
+from utils.errors import USER_ERRORS, OptionError, ResultFolderError
 from utils.failures import EXIT_FAILED, describe_failure
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
@@ -58,7 +58,6 @@ from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.mix import MixConfig
 from utils.preemption import EXIT_PREEMPTED, Preempted, StopRequest, agree_to_stop, requeue_slurm_job
 from utils.result_folder import (
-    ResultFolderError,
     ResultFolderLock,
     check_writable,
     refuse_or_clear_other_run,
@@ -68,8 +67,6 @@ from utils.retention import BestTracker, checkpoint_name, drop_best_after, prune
 from utils.run_record import RunRecord
 from validation import val_epoch
 
-# Bad input: one clear message and exit status 2, no traceback.
-USER_ERRORS = (DataError, OptionError, CheckpointError, ResultFolderError, du.LaunchError)
 VAL_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'clip_acc']
 LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
 

@@ -8,9 +8,9 @@ import torch.nn as nn
 
 from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
 from models.resnet import DepthError
-from opts import OptionError
 from utils.checkpoint import load_checkpoint, strip_module_prefix
 from utils.distributed import convert_sync_batchnorm, ddp_options, unwrap
+from utils.errors import OptionError
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,6 @@ import os
 import sys
 from pathlib import Path
 
-
-class OptionError(ValueError):
-    """An option value that cannot work; the message names the option and the fix."""
-
-
 # Used when --dataset synthetic and the option was not given: a small network
 # on tiny clips that learns the built-in data set in under a minute on 2 CPU cores.
 SYNTHETIC_DEFAULTS = dict(

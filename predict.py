@@ -19,7 +19,6 @@ folders named like the checkpoint's classes) it also prints the accuracy.
 import argparse
 import json
 import os
-import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -29,20 +28,19 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
 
-from datasets.annotation import DataError, VideoRecord, load_class_names
+from datasets.annotation import VideoRecord, load_class_names
 from datasets.loader import make_loader
 from datasets.spatial_transforms import EVAL_CROPS, build_eval_transform, get_mean_std
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop
 from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name, generate_model, load_state_dict_checked
-from opts import OptionError, build_parser
-from utils.checkpoint import CheckpointError, load_checkpoint
+from opts import build_parser
+from utils.checkpoint import load_checkpoint
 from utils.ema import inference_state_dict
+from utils.errors import USER_ERRORS, CheckpointError, DataError, OptionError
 
 HDF5_SUFFIXES = ('.hdf5', '.h5')
-# The data sets' hints are for training; predict skips the video anyway.
-TRAINING_HINT = re.compile(r',? or remove (it|the entry|their entries) from the annotation file')
 
 
 @dataclass(frozen=True)
@@ -238,10 +236,6 @@ def view_transforms(options, n_clips, stride, crop):
     return temporal, spatial
 
 
-def predict_hint(message):
-    return TRAINING_HINT.sub('', message)
-
-
 def measure_videos(videos, failures, progress=False):
     """VideoRecords of the videos whose frames can be counted; the others go
     to ``failures`` ({video_id: message})."""
@@ -251,7 +245,7 @@ def measure_videos(videos, failures, progress=False):
         try:
             n = frame_count(v)
         except DataError as e:
-            failures[v.video_id] = predict_hint(str(e))
+            failures[v.video_id] = str(e)
             continue
         except OSError as e:
             failures[v.video_id] = f'{v.path} cannot be read ({e.strerror or e})'
@@ -309,7 +303,7 @@ def _good_batches(loader, ids, failures, progress):
               disable=not progress, dynamic_ncols=True) as bar:
         for good, failed in loader:
             for view in failed:
-                failures.setdefault(ids[view.video], predict_hint(view.message))
+                failures.setdefault(ids[view.video], view.message)
             seen = [view.video for view in failed] + (good[1].tolist() if good else [])
             bar.update(max(0, max(seen) - bar.n))  # videos before the last one seen are done
             if good is not None:
@@ -581,7 +575,7 @@ def main(argv=None):
     failures = {}
     try:
         videos, out, accuracy = run(args, failures)
-    except (DataError, OptionError, CheckpointError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     if out.features is not None and out.features:

@@ -9,9 +9,9 @@ from torch.optim import SGD, AdamW
 from tqdm import tqdm
 
 from model import keep_frozen_eval
-from opts import OptionError
 from utils.distributed import all_reduce_sum, unwrap
 from utils.ema import update_ema
+from utils.errors import OptionError
 from utils.mix import MixConfig, mix_batch
 from utils.precise_bn import recompute_bn_stats
 

@@ -26,13 +26,9 @@ from pathlib import Path
 import torch
 
 from datasets.synthetic import prepare_synthetic
-from utils.checkpoint import (
-    TEMPORARY_RE,
-    CheckpointError,
-    list_checkpoints,
-    load_checkpoint,
-)
+from utils.checkpoint import TEMPORARY_RE, list_checkpoints, load_checkpoint
 from utils.distributed import free_port
+from utils.errors import CheckpointError
 from utils.logs import read_tsv
 from utils.processes import alive, child_pids, kill_tree
 

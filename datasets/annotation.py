@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from datasets.frame_check import check_frames, needed_ranges
+from utils.errors import DataError
 
 __all__ = ['DataError', 'VideoRecord', 'load_annotations', 'load_class_names',
            'check_videos', 'frame_file_name', 'hdf5_frame_count', 'STANDARD_DATASETS',
@@ -44,10 +45,6 @@ SUBSET_NAMES = {'train': 'training', 'val': 'validation', 'test': 'testing'}
 FILE_TYPES = ('jpg', 'hdf5', 'video')
 # ActivityNet: segments with fewer frames than this are dropped (as the predecessor did).
 ACTIVITYNET_MIN_FRAMES = 8
-
-
-class DataError(ValueError):
-    """Bad or missing data: the message names the file / video and says how to fix it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ import sys
 
 from torch.utils.data import Dataset, get_worker_info
 
-from datasets.annotation import DataError
 from datasets.videodataset import BadVideo
+from utils.errors import DataError
 
 
 class SkipBadVideos(Dataset):

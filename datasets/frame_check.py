@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from utils.errors import DataError
+
 MODES = ('last', 'all', 'decode')
 DECODE_CHUNK = 64  # frames decoded at once: bounds the memory of a long video
 
@@ -83,7 +85,6 @@ def _check_listing(path: str, ranges, names: list[str]) -> str | None:
 
 
 def _check_decode(path: str, ranges, loader) -> str | None:
-    from datasets.annotation import DataError
     try:
         for a, b in ranges:
             for start in range(a, b, DECODE_CHUNK):

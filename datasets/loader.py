@@ -17,12 +17,14 @@ import torch
 # Batched libjpeg-turbo decoding (deprecated in torchvision 0.29 in favour of TorchCodec).
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from datasets.annotation import DataError, frame_file_name
+from datasets.annotation import frame_file_name
+from utils.errors import DataError
 
 __all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'make_loader']
 
-_REEXTRACT = ('re-extract the frames of this video (util_scripts generate_video_jpgs / '
-              'generate_video_hdf5) or remove it from the annotation file')
+# What to do about the file, true wherever it is read (DataError: the caller
+# says what else can be done, e.g. leave the video out).
+_REEXTRACT = 're-extract the frames of this video (util_scripts generate_video_jpgs / generate_video_hdf5)'
 
 
 def _unique(positions: Sequence[int]):

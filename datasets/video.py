@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from datasets.annotation import DataError
+from utils.errors import DataError
 
 __all__ = ['VIDEO_EXTENSIONS', 'FrameIndex', 'VideoClipLoader', 'container_frames',
            'count_frames', 'iter_frames', 'read_video', 'scaled_size', 'scan_frame_index']
@@ -35,7 +35,7 @@ __all__ = ['VIDEO_EXTENSIONS', 'FrameIndex', 'VideoClipLoader', 'container_frame
 VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv')
 # Containers whose header frame count is the number of coded frames (a sample table).
 EXACT_COUNT_FORMATS = ('mov', 'mp4')
-_REENCODE = 're-download or re-encode the video, or remove it from the annotation file'
+_REENCODE = 're-download or re-encode the video'  # true wherever it is read (DataError)
 
 
 def _av():

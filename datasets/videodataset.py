@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from datasets.annotation import DataError, VideoRecord
+from datasets.annotation import VideoRecord
 from datasets.spatial_transforms import ClipTransform
+from utils.errors import DataError
 
 __all__ = ['VideoClipDataset', 'VideoWindowDataset', 'BadVideo', 'collate']
 
@@ -53,7 +54,7 @@ def _load(loader, record: VideoRecord, positions: list[int]) -> torch.Tensor:
         raise DataError(f'{e} [video {record.video_id}]') from None
     except (OSError, RuntimeError) as e:
         raise DataError(f'loading video {record.video_id} ({record.path}) failed: {e}; '
-                        f're-extract its frames or remove it from the annotation file') from e
+                        f're-extract its frames') from e
 
 
 def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],

@@ -3,11 +3,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from datasets.annotation import DataError, VideoRecord
+from datasets.annotation import VideoRecord
 from datasets.bad_videos import SkipBadVideos
 from datasets.loader import JpgClipLoader
 from datasets.videodataset import VideoClipDataset
 from tests.test_datasets import write_jpg_video
+from utils.errors import DataError
 
 
 def make_dataset(tmp_path, bad=(2,), n=5):

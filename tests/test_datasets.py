@@ -10,11 +10,12 @@ import torch
 from torchvision.io import encode_jpeg
 
 from datasets import loader as loader_module
-from datasets.annotation import DataError, VideoRecord, check_videos, load_annotations, load_class_names
+from datasets.annotation import VideoRecord, check_videos, load_annotations, load_class_names
 from datasets.loader import Hdf5ClipLoader, Hdf5FlowLoader, JpgClipLoader, make_loader
 from datasets.spatial_transforms import build_eval_transform, build_train_transform
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop, TemporalRandomCrop
 from datasets.videodataset import VideoClipDataset, VideoWindowDataset
+from utils.errors import DataError
 
 SIZE = 32
 

@@ -8,7 +8,8 @@ import torch
 import torchvision
 
 from model import build_model, freeze_before, generate_model, load_state_dict_checked, replace_classifier
-from opts import OptionError, parse_opts
+from opts import parse_opts
+from utils.errors import OptionError
 
 
 def options(**kw):

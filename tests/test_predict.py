@@ -12,8 +12,8 @@ import torch
 
 import main
 import predict
-from datasets.annotation import DataError
 from tests.conftest import tiny_args
+from utils.errors import DataError
 from utils.logs import read_tsv
 
 MAIN_VIEWS = ('--inference_n_clips', '2', '--inference_crop', 'three')

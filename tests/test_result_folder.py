@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from utils.checkpoint import remove_stale_temporaries, save_checkpoint_atomic
+from utils.errors import ResultFolderBusy, ResultFolderError
 from utils.logs import TsvLogger, read_tsv, truncate_log
-from utils.result_folder import ResultFolderBusy, ResultFolderError, ResultFolderLock
+from utils.result_folder import ResultFolderLock
 
 ROOT = Path(__file__).resolve().parents[1]
 

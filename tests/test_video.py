@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from datasets.annotation import DataError
 from datasets.video import VideoClipLoader, count_frames, iter_frames, read_video, scaled_size
 from tests.video_files import frame_image, frame_level, red_levels, write_video
+from utils.errors import DataError
 
 
 @pytest.fixture(scope='module', params=['.mp4', '.avi', '.mkv', '.webm'])

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from datasets.annotation import DataError
 from datasets.video import VideoClipLoader, count_frames
 from tests.video_files import CORPUS, clip_codes, write_corpus_video
+from utils.errors import DataError
 
 N_FRAMES = 60
 LONG_GOP = 'h264_mp4_default_gop'  # x264's default keyframe interval (250): 300 frames

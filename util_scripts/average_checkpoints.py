@@ -15,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from utils.checkpoint import CheckpointError, load_checkpoint, save_checkpoint_atomic
+from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
+from utils.errors import CheckpointError
 
 
 def _weights(checkpoint, which, path):

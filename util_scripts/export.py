@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from utils.errors import USER_ERRORS
 from utils.exported import INPUT_OPTIONS, OnnxClassifier
 
 FORMATS = {'onnx': '.onnx', 'torchscript': '.pt', 'exported_program': '.pt2'}
@@ -171,12 +172,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args, fmt = parse_args(argv)
-    from datasets.annotation import DataError
-    from opts import OptionError
-    from utils.checkpoint import CheckpointError
     try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
         return export(args.checkpoint, args.output, fmt, args.weights, args.atol)
-    except (OptionError, CheckpointError, DataError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         print(f'error: {e}', file=sys.stderr)
         raise SystemExit(2) from None
 

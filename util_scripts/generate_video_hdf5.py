@@ -20,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from datasets.annotation import DataError
+from utils.errors import DataError
 
 from .generate_video_jpgs import add_frame_options, decoder_threads
 from .utils import (

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from datasets.annotation import DataError
+from utils.errors import DataError
 
 from .utils import (
     DATASETS,

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from datasets.annotation import DataError, hdf5_frame_count
+from datasets.annotation import hdf5_frame_count
 from datasets.video import VIDEO_EXTENSIONS, count_frames, iter_frames
+from utils.errors import DataError
 
 # Containers PyAV (FFmpeg's libraries) reads that show up in the supported datasets' archives.
 VIDEO_EXTS = {'.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv',

@@ -8,19 +8,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.errors import CheckpointError, CheckpointWriteError
 from utils.retention import checkpoint_progress, checkpoints_newest_first
 
 # save_checkpoint_atomic's temporaries: '.' + target name + mkstemp's random part + '.tmp'.
 TEMPORARY_RE = re.compile(r'^\.save_[^/]*\.pth\.[A-Za-z0-9_]+\.tmp$')
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded; the message names the file."""
-
-
-class CheckpointWriteError(CheckpointError):
-    """Writing a checkpoint failed (disk full, folder not writable); the previous
-    checkpoints are untouched."""
 
 
 def strip_module_prefix(state_dict):

@@ -16,14 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from utils.errors import LaunchError
+
 # The differentiable all_reduce is deprecated in favour of functional
 # collectives that have no autograd support yet; it is the one that works here.
 warnings.filterwarnings('ignore', message='torch.distributed.nn.functional.all_reduce is deprecated')
-
-
-class LaunchError(RuntimeError):
-    """A launch that cannot work (wrong launcher, options or GPU count); the
-    message says what to change."""
 
 
 @dataclass

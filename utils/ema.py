@@ -21,8 +21,8 @@ import itertools
 
 import torch
 
-from utils.checkpoint import CheckpointError
 from utils.distributed import unwrap
+from utils.errors import CheckpointError
 
 
 class ModelEma:

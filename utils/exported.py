@@ -7,7 +7,7 @@ from argparse import Namespace
 import numpy as np
 import torch
 
-from utils.checkpoint import CheckpointError
+from utils.errors import CheckpointError
 
 # The options that say how a video becomes the network's input (stored by export).
 INPUT_OPTIONS = ('input_type', 'sample_size', 'sample_duration', 'sample_t_stride',

@@ -15,15 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from utils.errors import ResultFolderBusy, ResultFolderError
+
 LOCK_NAME = '.lock'
-
-
-class ResultFolderError(RuntimeError):
-    """The result folder cannot be used; the message says why and what to do."""
-
-
-class ResultFolderBusy(ResultFolderError):
-    """Another live process holds the result folder; the message names it."""
 
 
 class ResultFolderLock:

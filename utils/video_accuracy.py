@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from datasets.annotation import SUBSET_NAMES, DataError
+from datasets.annotation import SUBSET_NAMES
+from utils.errors import DataError
 
 
 def canonical_subset(subset):
