@@ -7,7 +7,12 @@ A run is five stages, read top to bottom in `run`: prepare (what the options
 mean on this machine), load_data (every data set, checked before any training),
 restore (model, pretrained or resumed weights, frozen layers), fit (the epoch
 loop) or evaluate (validation only), and infer.
+
+As a command it parses its options before anything else is imported: -h, an
+unknown option and every option error answer at once, not after the seconds
+torch, torchvision and av take to import.
 """
+# ruff: noqa: E402 -- the imports after the command-line parse are meant to be there
 import contextlib
 import os
 import signal
@@ -15,6 +20,12 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+
+from opts import option_default, opts_to_dict, parse_opts, save_opts
+from utils.errors import USER_ERRORS, OptionError, ResultFolderError
+
+if __name__ == '__main__':
+    COMMAND_LINE = parse_opts()
 
 import numpy as np
 import torch
@@ -26,7 +37,6 @@ from datasets.bad_videos import SkipBadVideos
 from datasets.frame_check import count_short_videos
 from inference import run_inference, write_features
 from model import build_model, classifier_name, freeze_before, load_state_dict_checked, make_parallel
-from opts import option_default, opts_to_dict, parse_opts, save_opts
 from training import (
     EpochExtras,
     EpochTotals,
@@ -48,7 +58,6 @@ from utils.checkpoint import (
     save_checkpoint_atomic,
 )
 from utils.ema import ModelEma, ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
-from utils.errors import USER_ERRORS, OptionError, ResultFolderError
 from utils.failures import EXIT_FAILED, describe_failure
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
@@ -836,7 +845,11 @@ def report(line):
 
 
 def main(argv=None):
-    opt = parse_opts(argv)
+    launch(parse_opts(argv))
+
+
+def launch(opt):
+    """Runs the processes the options ask for; a user error ends in one line, exit 2."""
     try:
         if opt.distributed and not du.launched_by_a_launcher():
             n = torch.cuda.device_count() if not opt.no_cuda else 0
@@ -862,4 +875,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    launch(COMMAND_LINE)

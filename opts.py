@@ -2,13 +2,17 @@
 
 Every option of 3D-ResNets-PyTorch keeps its name, default and meaning, so
 existing command lines and scripts run unchanged. New options are added at the
-end of each group. Hyphenated spellings are accepted as aliases.
+end of each group. Hyphenated spellings are accepted as aliases; options are
+spelt out in full (no abbreviations). Standard library only: main.py parses
+before it imports torch, so -h and option errors answer at once.
 """
 import argparse
 import json
 import os
 import sys
 from pathlib import Path
+
+from utils.cli import Parser
 
 # Used when --dataset synthetic and the option was not given: a small network
 # on tiny clips that learns the built-in data set in under a minute on 2 CPU cores.
@@ -41,7 +45,7 @@ def _add(parser, name, **kwargs):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         description='Train and evaluate 3D CNNs for video action recognition.',
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 

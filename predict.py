@@ -15,7 +15,11 @@ score is the mean of their softmax. A video that cannot be read is reported
 and skipped; the others are classified, and the run ends with the list of
 failures and exit status 1. With true labels (--annotation_path, or class
 folders named like the checkpoint's classes) it also prints the accuracy.
+
+As a command it parses its arguments before anything else is imported: -h and
+every argument error answer at once, before torch is imported.
 """
+# ruff: noqa: E402 -- the imports after the command-line parse are meant to be there
 import argparse
 import json
 import os
@@ -24,13 +28,75 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.cli import Parser
+
+# datasets.spatial_transforms.EVAL_CROPS, named here: the parser runs before
+# torch is imported (tests/test_cli.py checks that they are equal)
+CROPS = ('center', 'nocrop', 'three')
+
+
+def parse_args(argv=None):
+    p = Parser(description='Classify videos with a trained checkpoint.',
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('checkpoint', type=Path,
+                   help='save_<epoch>.pth written by main.py, or an .onnx file written by '
+                        'util_scripts.export')
+    p.add_argument('video', type=Path, metavar='VIDEO_OR_FOLDER',
+                   help='a video file, a frame folder, an hdf5 file, or a folder of them '
+                        '(searched recursively: a data set root with class folders)')
+    p.add_argument('--topk', type=int, default=5, help='classes printed per video (0: all)')
+    p.add_argument('--json', action='store_true',
+                   help='print the inference file\'s format: {"results": {video_id: '
+                        '[{"label", "score"}, ...]}, "views": {video_id: n}} (and "failed": '
+                        '{video_id: message} if a video could not be read)')
+    p.add_argument('--n_clips', type=int, default=10,
+                   help='clips evenly spread over each video (like --inference_n_clips)')
+    p.add_argument('--stride', type=int, default=0,
+                   help='sliding-window stride in frames instead of --n_clips '
+                        '(like --inference_stride); 0: use --n_clips (with --timeline or '
+                        '--output_video: windows side by side)')
+    p.add_argument('--crop', default='center', choices=CROPS,
+                   help='spatial views (like --inference_crop)')
+    p.add_argument('--batch_size', type=int, default=16, help='views per forward pass')
+    p.add_argument('--n_threads', type=int, default=2, help='data-loading worker processes')
+    p.add_argument('--extract_features', type=Path, default=None, metavar='PATH.h5',
+                   help='also write each video\'s pooled features (the classifier\'s input, '
+                        'averaged over the views) to this HDF5 file')
+    p.add_argument('--annotation_path', type=Path, default=None,
+                   help='an annotation file: its videos\' labels are the true ones (top-1/top-5 '
+                        'are printed), and its class names serve a checkpoint without them')
+    p.add_argument('--timeline', type=Path, default=None, metavar='PATH.png|PATH.json',
+                   help='one video: the top classes\' scores over time, per sliding window')
+    p.add_argument('--output_video', type=Path, default=None, metavar='PATH.mp4',
+                   help='one video: write it with each window\'s top label and score drawn')
+    p.add_argument('--fps', type=float, default=25.0,
+                   help='frame rate of frame folders and hdf5 files, for --timeline\'s seconds '
+                        'and --output_video (video files give their own)')
+    p.add_argument('--weights', default='raw', choices=['raw', 'ema'],
+                   help='the trained weights, or their EMA (runs with --ema_decay)')
+    p.add_argument('--no_cuda', action='store_true', help='run on the CPU')
+    p.add_argument('--no_progress', action='store_true', help='no progress bar (on stderr)')
+    args = p.parse_args(argv)
+    if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1 or args.fps <= 0:
+        p.error('--n_clips and --batch_size must be at least 1, --stride at least 0, '
+                '--fps positive')
+    if args.timeline is not None and args.timeline.suffix not in ('.png', '.json'):
+        p.error(f'--timeline {args.timeline}: give a .png (picture) or .json file')
+    if args.output_video is not None and args.output_video.suffix != '.mp4':
+        p.error(f'--output_video {args.output_video}: give an .mp4 file')
+    return args
+
+
+if __name__ == '__main__':
+    COMMAND_LINE = parse_args()
+
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
 
 from datasets.annotation import VideoRecord, load_class_names
 from datasets.loader import make_loader
-from datasets.spatial_transforms import EVAL_CROPS, build_eval_transform, get_mean_std
+from datasets.spatial_transforms import build_eval_transform, get_mean_std
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop
 from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
@@ -456,58 +522,6 @@ def window_stride(args, options):
 
 # ----------------------------------------------------------------------------- command line
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description='Classify videos with a trained checkpoint.',
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('checkpoint', type=Path,
-                   help='save_<epoch>.pth written by main.py, or an .onnx file written by '
-                        'util_scripts.export')
-    p.add_argument('video', type=Path, metavar='VIDEO_OR_FOLDER',
-                   help='a video file, a frame folder, an hdf5 file, or a folder of them '
-                        '(searched recursively: a data set root with class folders)')
-    p.add_argument('--topk', type=int, default=5, help='classes printed per video (0: all)')
-    p.add_argument('--json', action='store_true',
-                   help='print the inference file\'s format: {"results": {video_id: '
-                        '[{"label", "score"}, ...]}, "views": {video_id: n}} (and "failed": '
-                        '{video_id: message} if a video could not be read)')
-    p.add_argument('--n_clips', type=int, default=10,
-                   help='clips evenly spread over each video (like --inference_n_clips)')
-    p.add_argument('--stride', type=int, default=0,
-                   help='sliding-window stride in frames instead of --n_clips '
-                        '(like --inference_stride); 0: use --n_clips (with --timeline or '
-                        '--output_video: windows side by side)')
-    p.add_argument('--crop', default='center', choices=EVAL_CROPS,
-                   help='spatial views (like --inference_crop)')
-    p.add_argument('--batch_size', type=int, default=16, help='views per forward pass')
-    p.add_argument('--n_threads', type=int, default=2, help='data-loading worker processes')
-    p.add_argument('--extract_features', type=Path, default=None, metavar='PATH.h5',
-                   help='also write each video\'s pooled features (the classifier\'s input, '
-                        'averaged over the views) to this HDF5 file')
-    p.add_argument('--annotation_path', type=Path, default=None,
-                   help='an annotation file: its videos\' labels are the true ones (top-1/top-5 '
-                        'are printed), and its class names serve a checkpoint without them')
-    p.add_argument('--timeline', type=Path, default=None, metavar='PATH.png|PATH.json',
-                   help='one video: the top classes\' scores over time, per sliding window')
-    p.add_argument('--output_video', type=Path, default=None, metavar='PATH.mp4',
-                   help='one video: write it with each window\'s top label and score drawn')
-    p.add_argument('--fps', type=float, default=25.0,
-                   help='frame rate of frame folders and hdf5 files, for --timeline\'s seconds '
-                        'and --output_video (video files give their own)')
-    p.add_argument('--weights', default='raw', choices=['raw', 'ema'],
-                   help='the trained weights, or their EMA (runs with --ema_decay)')
-    p.add_argument('--no_cuda', action='store_true', help='run on the CPU')
-    p.add_argument('--no_progress', action='store_true', help='no progress bar (on stderr)')
-    args = p.parse_args(argv)
-    if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1 or args.fps <= 0:
-        p.error('--n_clips and --batch_size must be at least 1, --stride at least 0, '
-                '--fps positive')
-    if args.timeline is not None and args.timeline.suffix not in ('.png', '.json'):
-        p.error(f'--timeline {args.timeline}: give a .png (picture) or .json file')
-    if args.output_video is not None and args.output_video.suffix != '.mp4':
-        p.error(f'--output_video {args.output_video}: give an .mp4 file')
-    return args
-
-
 def format_line(video_id, entries):
     return f'{video_id}: ' + ', '.join(f'{e["label"]} ({e["score"]:.3f})' for e in entries)
 
@@ -570,8 +584,9 @@ def run(args, failures):
     return videos, out, accuracy_lines(truth, out.ranked, class_names, failures)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv=None, args=None):
+    """args: the parsed command line (else parsed from argv)."""
+    args = args if args is not None else parse_args(argv)
     failures = {}
     try:
         videos, out, accuracy = run(args, failures)
@@ -586,4 +601,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(main(args=COMMAND_LINE))

@@ -17,7 +17,9 @@ absolute difference of the logits is printed); the file is written only if it
 is within --atol.
 
 predict.py classifies videos with an exported .onnx file as with the checkpoint.
+As a command it parses its arguments before torch is imported (-h answers at once).
 """
+# ruff: noqa: E402 -- the imports after the command-line parse are meant to be there
 import argparse
 import json
 import os
@@ -26,12 +28,45 @@ import time
 import warnings
 from pathlib import Path
 
+from utils.cli import Parser
+
+FORMATS = {'onnx': '.onnx', 'torchscript': '.pt', 'exported_program': '.pt2'}
+
+
+def parse_args(argv):
+    p = Parser(
+        prog='python -m util_scripts.export',
+        description='Export a checkpoint to ONNX, TorchScript or a torch.export program, '
+                    'checked against the PyTorch model.',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('checkpoint', type=Path, metavar='CHECKPOINT',
+                   help='save_<epoch>.pth written by main.py')
+    p.add_argument('--output', type=Path, required=True,
+                   help='file to write (.onnx, .pt, .pt2)')
+    p.add_argument('--format', choices=list(FORMATS), default=None,
+                   help='default: from --output\'s suffix (.onnx, .pt, .pt2)')
+    p.add_argument('--weights', choices=['raw', 'ema'], default='raw',
+                   help='the trained weights, or their EMA (runs with --ema_decay)')
+    p.add_argument('--atol', type=float, default=1e-4,
+                   help='largest absolute difference of the logits accepted by the check')
+    args = p.parse_args(argv)
+    fmt = args.format
+    if fmt is None:
+        by_suffix = {suffix: name for name, suffix in FORMATS.items()}
+        if args.output.suffix not in by_suffix:
+            p.error(f'--output {args.output}: give --format, or a .onnx, .pt or .pt2 file')
+        fmt = by_suffix[args.output.suffix]
+    return args, fmt
+
+
+if __name__ == '__main__':
+    COMMAND_LINE = parse_args(None)
+
 import torch
 
 from utils.errors import USER_ERRORS
 from utils.exported import INPUT_OPTIONS, OnnxClassifier
 
-FORMATS = {'onnx': '.onnx', 'torchscript': '.pt', 'exported_program': '.pt2'}
 CHECK_BATCHES = (1, 3)  # batch sizes of the check (export traces batch 2)
 
 
@@ -145,33 +180,9 @@ def export(checkpoint, output, fmt, weights='raw', atol=1e-4):
     return difference
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(
-        description='Export a checkpoint to ONNX, TorchScript or a torch.export program, '
-                    'checked against the PyTorch model.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('checkpoint', type=Path, metavar='CHECKPOINT',
-                   help='save_<epoch>.pth written by main.py')
-    p.add_argument('--output', type=Path, required=True,
-                   help='file to write (.onnx, .pt, .pt2)')
-    p.add_argument('--format', choices=list(FORMATS), default=None,
-                   help='default: from --output\'s suffix (.onnx, .pt, .pt2)')
-    p.add_argument('--weights', choices=['raw', 'ema'], default='raw',
-                   help='the trained weights, or their EMA (runs with --ema_decay)')
-    p.add_argument('--atol', type=float, default=1e-4,
-                   help='largest absolute difference of the logits accepted by the check')
-    args = p.parse_args(argv)
-    fmt = args.format
-    if fmt is None:
-        by_suffix = {suffix: name for name, suffix in FORMATS.items()}
-        if args.output.suffix not in by_suffix:
-            p.error(f'--output {args.output}: give --format, or a .onnx, .pt or .pt2 file')
-        fmt = by_suffix[args.output.suffix]
-    return args, fmt
-
-
-def main(argv=None):
-    args, fmt = parse_args(argv)
+def main(argv=None, command_line=None):
+    """command_line: parse_args's result (else parsed from argv)."""
+    args, fmt = command_line or parse_args(argv)
     try:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         return export(args.checkpoint, args.output, fmt, args.weights, args.atol)
@@ -181,4 +192,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    main(command_line=COMMAND_LINE)

@@ -28,6 +28,8 @@ import random
 import sys
 from pathlib import Path
 
+from utils.cli import Parser
+
 from .utils import (
     COUNT_SOURCES,
     fail,
@@ -220,7 +222,7 @@ def warn_classes_without_training(database, labels):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
+    p = Parser(
         description='Write an annotation JSON for a tree ROOT/<class>/<video> of your own '
                     'videos (video files, frame folders or hdf5 files), with a '
                     'deterministic split stratified by class.',

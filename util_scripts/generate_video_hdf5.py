@@ -13,13 +13,13 @@ ffmpeg binary) and its frames JPEG-encoded straight into the file, in one
 pass. Files are written under a temporary name and renamed, so existing hdf5
 files are complete and skipped; the summary names every video that failed.
 """
-import argparse
 import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from utils.cli import Parser
 from utils.errors import DataError
 
 from .generate_video_jpgs import add_frame_options, decoder_threads
@@ -110,7 +110,7 @@ def list_frame_dirs(dir_path, dataset):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description='Pack JPEG frame folders into <dst>/<class>/<video>.hdf5 '
         "(dataset 'video', raw JPEG bytes per frame).")
     parser.add_argument('dir_path', type=Path,

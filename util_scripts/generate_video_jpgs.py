@@ -14,11 +14,11 @@ Restartable: a video is written to a hidden temporary folder that is renamed
 when complete, so a complete folder is skipped and a partial one redone. The
 summary names every video that failed and why; the exit status is 1 if any did.
 """
-import argparse
 import os
 import shutil
 from pathlib import Path
 
+from utils.cli import Parser
 from utils.errors import DataError
 
 from .utils import (
@@ -85,7 +85,7 @@ def add_frame_options(parser):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description='Extract video frames to <dst>/<class>/<video>/'
         'image_00001.jpg... (PyAV; no ffmpeg binary needed).')
     parser.add_argument('dir_path', type=Path,

@@ -6,9 +6,10 @@ dir_path holds the official <class>_test_split{1,2,3}.txt files, whose
 lines read "<video>.avi <0|1|2>": 1 training, 2 testing (written as the
 'validation' subset), 0 unused in that split.
 """
-import argparse
 import re
 from pathlib import Path
+
+from utils.cli import Parser
 
 from .utils import add_segments, fail, read_lines, require_dir, write_annotation
 
@@ -46,7 +47,7 @@ def load_split(files):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description='Write hmdb51_{1,2,3}.json from the official HMDB-51 '
         'split files and the extracted frames.')
     parser.add_argument('dir_path', type=Path,

@@ -12,9 +12,10 @@ the video files <id>.mp4/.avi/.webm/.mkv, for --file_type video) are looked
 up under video_path/<label>/ (test videos under video_path/test/), and videos
 not on disk are left out.
 """
-import argparse
 import csv
 from pathlib import Path
+
+from utils.cli import Parser
 
 from .utils import VIDEO_TYPES, add_segments, fail, require_dir, require_file, write_annotation
 
@@ -81,7 +82,7 @@ def convert(train_csv, val_csv, test_csv, video_path, video_type):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         usage=USAGE,
         description='Write a Kinetics annotation JSON from the official CSV '
         'files and the extracted frames (jpg folders or hdf5 files).')

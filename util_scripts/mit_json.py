@@ -7,9 +7,10 @@ trainingSet.csv and validationSet.csv ("<class>/<file>.mp4,<class>,...")
 and optionally testingSet.csv ("<file>.mp4"). Video ids are the file stems.
 dst_path is the JSON file to write (an existing directory gets mit.json).
 """
-import argparse
 import csv
 from pathlib import Path
+
+from utils.cli import Parser
 
 from .utils import add_segments, fail, require_dir, require_file, write_annotation
 
@@ -48,7 +49,7 @@ def load_subset(csv_path, subset):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description='Write the Moments in Time annotation JSON from the '
         'official CSV files and the extracted frames.')
     parser.add_argument('mit_dir_path', type=Path,

@@ -20,6 +20,7 @@ import torch.nn as nn
 import model as model_builder
 from models import torchvision_video
 from opts import build_parser
+from utils.cli import Parser
 from utils.flops import count_gflops, count_parameters
 
 DEFAULT_MODELS = [
@@ -64,7 +65,7 @@ def time_fwd_bwd(model: nn.Module, clip_shape: tuple, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', default=DEFAULT_MODELS)
     parser.add_argument('--sample_size', type=int, default=112)
     parser.add_argument('--sample_duration', type=int, default=16)

@@ -7,8 +7,9 @@ testlist0{1,2,3}.txt; video_path the frames (<label>/<video_id>/image_*.jpg,
 <label>/<video_id>.hdf5) or the videos themselves (<label>/<video_id>.avi,
 for --file_type video). testlist videos become the 'validation' subset.
 """
-import argparse
 from pathlib import Path
+
+from utils.cli import Parser
 
 from .utils import add_segments, fail, read_lines, require_dir, require_file, write_annotation
 
@@ -56,7 +57,7 @@ def convert_split(dir_path, split_index, video_path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description='Write ucf101_0{1,2,3}.json from the official UCF-101 '
         'split files and the extracted frames.')
     parser.add_argument('dir_path', type=Path,
