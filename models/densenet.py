@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .resnet import check_depth
+from .resnet import check_depth, init_weights
 
 __all__ = ['DenseNet', 'generate_model']
 
@@ -104,14 +104,8 @@ class DenseNet(nn.Module):
         self.num_features = num_features
         self.classifier = nn.Linear(num_features, n_classes)
 
-        for m in self.modules():
-            if isinstance(m, nn.Conv3d):
-                nn.init.kaiming_normal_(m.weight, mode='fan_out', nonlinearity='relu')
-            elif isinstance(m, nn.BatchNorm3d):
-                nn.init.constant_(m.weight, 1)
-                nn.init.constant_(m.bias, 0)
-            elif isinstance(m, nn.Linear):
-                nn.init.constant_(m.bias, 0)
+        init_weights(self)  # the ResNets' init, and (as in the predecessor) a zero classifier bias
+        nn.init.constant_(self.classifier.bias, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.features(x), inplace=True)
@@ -128,18 +122,10 @@ DEPTH_CONFIGS = {
 }
 
 
-def generate_model(
-        model_depth: int,
-        *,
-        n_classes: int = 400,
-        n_input_channels: int = 3,
-        conv1_t_size: int = 7,
-        conv1_t_stride: int = 1,
-        no_max_pool: bool = False,
-) -> DenseNet:
+def generate_model(model_depth: int, **kwargs) -> DenseNet:
+    """kwargs: DenseNet's stem and head arguments (n_input_channels, conv1_t_size,
+    conv1_t_stride, no_max_pool, n_classes)."""
     check_depth('densenet', model_depth, DEPTH_CONFIGS)
     growth_rate, block_config, num_init_features = DEPTH_CONFIGS[model_depth]
-    return DenseNet(
-        growth_rate=growth_rate, block_config=block_config, num_init_features=num_init_features,
-        n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
-        no_max_pool=no_max_pool, n_classes=n_classes)
+    return DenseNet(growth_rate=growth_rate, block_config=block_config, num_init_features=num_init_features,
+                    **kwargs)

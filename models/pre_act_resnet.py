@@ -58,19 +58,7 @@ class PreActBottleneck(nn.Module):
         return out + shortcut
 
 
-def generate_model(
-        model_depth: int,
-        *,
-        n_classes: int = 400,
-        n_input_channels: int = 3,
-        conv1_t_size: int = 7,
-        conv1_t_stride: int = 1,
-        no_max_pool: bool = False,
-        shortcut_type: str = 'B',
-        widen_factor: float = 1.0,
-) -> ResNet:
+def generate_model(model_depth: int, *, widen_factor: float = 1.0, **kwargs) -> ResNet:
+    """kwargs: ResNet's stem, shortcut and head arguments (see resnet.generate_model)."""
     block, layers = stage_layout('preresnet', model_depth, PreActBasicBlock, PreActBottleneck)
-    return ResNet(
-        block, layers, [int(w * widen_factor) for w in get_inplanes()],
-        n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
-        no_max_pool=no_max_pool, shortcut_type=shortcut_type, n_classes=n_classes)
+    return ResNet(block, layers, get_inplanes(widen_factor), **kwargs)

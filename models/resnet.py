@@ -5,8 +5,9 @@ State-dict keys and shapes match the checkpoints published for
 3D-ResNets-PyTorch, so they load with ``strict=True``.
 
 This file also holds the pieces shared by the other ResNet-style families
-(pre-activation, wide, ResNeXt, R(2+1)D): the type-A shortcut, the layer
-builder and the weight initialisation.
+(pre-activation, wide, ResNeXt, R(2+1)D): the network with its stem and
+classifier arguments, the bottleneck block (wide and ResNeXt subclass it),
+the type-A shortcut, the layer builder and the weight initialisation.
 """
 from typing import Callable, Optional, Sequence
 
@@ -18,13 +19,15 @@ __all__ = ['ResNet', 'BasicBlock', 'Bottleneck', 'ZeroPadShortcut', 'generate_mo
            'STAGE_BLOCKS', 'BOTTLENECK_DEPTHS', 'stage_layout', 'check_depth', 'DepthError']
 
 
-def get_inplanes() -> list:
-    """Base widths of layer1..layer4 (before widen_factor)."""
-    return [64, 128, 256, 512]
+def get_inplanes(widen_factor: float = 1.0) -> list:
+    """Widths of layer1..layer4 (the stem has the first): 64, 128, 256, 512 times
+    widen_factor, int() so that a fractional factor (small test models) gives whole widths."""
+    return [int(w * widen_factor) for w in (64, 128, 256, 512)]
 
 
-def conv3x3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv3d:
-    return nn.Conv3d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
+def conv3x3x3(in_planes: int, out_planes: int, stride: int = 1, groups: int = 1) -> nn.Conv3d:
+    return nn.Conv3d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, groups=groups,
+                     bias=False)
 
 
 def conv1x1x1(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv3d:
@@ -119,15 +122,19 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
+    """1x1x1 conv to mid_planes (default planes), 3x3x3 conv (stride, in `groups` groups),
+    1x1x1 conv to planes * expansion. ResNeXt's block sets mid_planes and groups."""
     expansion = 4
 
-    def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None,
+                 mid_planes: Optional[int] = None, groups: int = 1):
         super().__init__()
-        self.conv1 = conv1x1x1(in_planes, planes)
-        self.bn1 = nn.BatchNorm3d(planes)
-        self.conv2 = conv3x3x3(planes, planes, stride)
-        self.bn2 = nn.BatchNorm3d(planes)
-        self.conv3 = conv1x1x1(planes, planes * self.expansion)
+        mid_planes = planes if mid_planes is None else mid_planes
+        self.conv1 = conv1x1x1(in_planes, mid_planes)
+        self.bn1 = nn.BatchNorm3d(mid_planes)
+        self.conv2 = conv3x3x3(mid_planes, mid_planes, stride, groups)
+        self.bn2 = nn.BatchNorm3d(mid_planes)
+        self.conv3 = conv1x1x1(mid_planes, planes * self.expansion)
         self.bn3 = nn.BatchNorm3d(planes * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
@@ -149,6 +156,9 @@ class ResNet(nn.Module):
     and a 3x3x3 max-pool (stride 2) unless `no_max_pool`. Top-level children are,
     in order: conv1, bn1, relu, maxpool, layer1..layer4, avgpool, fc; fine-tuning
     freezes a prefix of them by name.
+
+    The stem, shortcut and classifier arguments are declared here only: every
+    ResNet-style family's generate_model passes them on as keyword arguments.
     """
 
     def __init__(
@@ -244,19 +254,9 @@ def stage_layout(family: str, model_depth: int, basic, bottleneck, depths=tuple(
     return (basic if model_depth < 50 else bottleneck), STAGE_BLOCKS[model_depth]
 
 
-def generate_model(
-        model_depth: int,
-        *,
-        n_classes: int = 400,
-        n_input_channels: int = 3,
-        conv1_t_size: int = 7,
-        conv1_t_stride: int = 1,
-        no_max_pool: bool = False,
-        shortcut_type: str = 'B',
-        widen_factor: float = 1.0,
-) -> ResNet:
+def generate_model(model_depth: int, *, widen_factor: float = 1.0, **kwargs) -> ResNet:
+    """kwargs: ResNet's stem, shortcut and head arguments (n_input_channels, conv1_t_size,
+    conv1_t_stride, no_max_pool, shortcut_type, n_classes); every ResNet-style family passes
+    them on like this."""
     block, layers = stage_layout('resnet', model_depth, BasicBlock, Bottleneck)
-    return ResNet(
-        block, layers, [int(w * widen_factor) for w in get_inplanes()],
-        n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
-        no_max_pool=no_max_pool, shortcut_type=shortcut_type, n_classes=n_classes)
+    return ResNet(block, layers, get_inplanes(widen_factor), **kwargs)

@@ -107,19 +107,7 @@ class ResNet2p1d(ResNet):
         return self.relu(self.bn1_t(self.conv1_t(x)))
 
 
-def generate_model(
-        model_depth: int,
-        *,
-        n_classes: int = 400,
-        n_input_channels: int = 3,
-        conv1_t_size: int = 7,
-        conv1_t_stride: int = 1,
-        no_max_pool: bool = False,
-        shortcut_type: str = 'B',
-        widen_factor: float = 1.0,
-) -> ResNet2p1d:
+def generate_model(model_depth: int, *, widen_factor: float = 1.0, **kwargs) -> ResNet2p1d:
+    """kwargs: ResNet's stem, shortcut and head arguments (see resnet.generate_model)."""
     block, layers = stage_layout('resnet2p1d', model_depth, BasicBlock2p1d, Bottleneck2p1d)
-    return ResNet2p1d(
-        block, layers, [int(w * widen_factor) for w in get_inplanes()],
-        n_input_channels=n_input_channels, conv1_t_size=conv1_t_size, conv1_t_stride=conv1_t_stride,
-        no_max_pool=no_max_pool, shortcut_type=shortcut_type, n_classes=n_classes)
+    return ResNet2p1d(block, layers, get_inplanes(widen_factor), **kwargs)

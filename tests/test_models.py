@@ -6,6 +6,7 @@ tests/data/peer_models.json.gz holds, per predecessor configuration, its options
 parameter count and ordered state_dict [key, shape] list (plus torchvision's
 r3d_18, mc3_18 and r2plus1d_18), derived from the project spec.
 """
+import argparse
 import gzip
 import json
 import os
@@ -17,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
+import model as model_builder
 from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
 from models.resnet import ZeroPadShortcut
 from utils.flops import count_gflops, count_parameters
@@ -35,23 +37,9 @@ def single_thread():
 
 
 def build_from_options(o: dict) -> nn.Module:
-    """Build a network from the predecessor's option names (as the lead's model.py does)."""
-    common = dict(n_classes=o['n_classes'], n_input_channels=o['n_input_channels'],
-                  conv1_t_size=o['conv1_t_size'], conv1_t_stride=o['conv1_t_stride'],
-                  no_max_pool=o['no_max_pool'])
-    family, depth = o['model'], o['model_depth']
-    if family in ('resnet', 'resnet2p1d', 'preresnet'):
-        module = {'resnet': resnet, 'resnet2p1d': resnet2p1d, 'preresnet': pre_act_resnet}[family]
-        return module.generate_model(depth, shortcut_type=o['resnet_shortcut'],
-                                     widen_factor=o['resnet_widen_factor'], **common)
-    if family == 'wideresnet':
-        return wide_resnet.generate_model(depth, k=o['wide_resnet_k'], shortcut_type=o['resnet_shortcut'], **common)
-    if family == 'resnext':
-        return resnext.generate_model(depth, cardinality=o['resnext_cardinality'],
-                                      shortcut_type=o['resnet_shortcut'], **common)
-    if family == 'densenet':
-        return densenet.generate_model(depth, **common)
-    raise ValueError(family)
+    """Build a network from the predecessor's options (the same names as ours) through
+    model.py's family table, the path a run takes."""
+    return model_builder.generate_model(argparse.Namespace(**o))
 
 
 def key_shapes(model: nn.Module) -> list:
@@ -126,6 +114,10 @@ def test_unknown_depth_or_name_raises():
         wide_resnet.generate_model(18)
     with pytest.raises(ValueError):
         resnet.generate_model(18, shortcut_type='C')
+    for family in (resnet, resnet2p1d, pre_act_resnet, wide_resnet, resnext, densenet):
+        # The stem arguments pass through **kwargs: a misspelt one is still refused, by name.
+        with pytest.raises(TypeError, match='no_maxpool'), torch.device('meta'):
+            family.generate_model(121 if family is densenet else 50, no_maxpool=True)
     with pytest.raises(ValueError):
         torchvision_video.generate_model('r3d_34')
 
