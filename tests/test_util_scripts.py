@@ -393,7 +393,7 @@ def test_generate_video_hdf5_missing_input(tmp_path):
     with pytest.raises(SystemExit, match='dir_path is not a directory'):
         generate_video_hdf5.main([str(tmp_path / 'nope'), str(tmp_path),
                                   'kinetics'])
-    with pytest.raises(SystemExit, match='no frame folder'):
+    with pytest.raises(SystemExit, match='no frame folder .* nor video file'):
         generate_video_hdf5.main([str(tmp_path), str(tmp_path / 'o'),
                                   'kinetics'])
 
@@ -503,6 +503,48 @@ def test_generate_video_hdf5_from_video(tmp_path, video_tree, capsys):
     with pytest.raises(SystemExit):
         generate_video_hdf5.main(argv)
     assert '0 converted, 3 already done, 1 failed' in capsys.readouterr().out
+
+
+def test_generate_video_hdf5_predecessor_command_decodes_videos(tmp_path, video_tree, capsys):
+    """The predecessor's `generate_video_hdf5 videos/ hdf5/ ucf101` decodes the
+    videos it is given: without --from_video too, the same files result."""
+    (video_tree / 'Bravo' / 'broken.mp4').unlink()
+    generate_video_hdf5.main([str(video_tree), str(tmp_path / 'auto'), 'ucf101'])
+    out = capsys.readouterr().out
+    assert 'holds video files' in out and '3 converted' in out
+    generate_video_hdf5.main([str(video_tree), str(tmp_path / 'flag'), 'ucf101',
+                              '--from_video'])
+    for rel in ('Alpha/v1', 'Alpha/v2', 'Bravo/v3'):
+        with h5py.File(tmp_path / 'auto' / f'{rel}.hdf5', 'r') as a, \
+                h5py.File(tmp_path / 'flag' / f'{rel}.hdf5', 'r') as b:
+            assert len(a['video']) == len(b['video']) > 0
+            assert all(np.array_equal(x, y) for x, y in zip(a['video'], b['video']))
+    # ActivityNet's flat folder of videos, and frame folders still packed
+    generate_video_hdf5.main([str(video_tree / 'Alpha'), str(tmp_path / 'flat'),
+                              'activitynet', '--n_jobs', '1'])
+    assert sorted(p.name for p in (tmp_path / 'flat').iterdir()) == ['v1.hdf5', 'v2.hdf5']
+    make_frames(tmp_path / 'jpg' / 'Alpha' / 'v1', 3)
+    capsys.readouterr()
+    generate_video_hdf5.main([str(tmp_path / 'jpg'), str(tmp_path / 'packed'), 'ucf101'])
+    assert 'holds video files' not in capsys.readouterr().out
+    with h5py.File(tmp_path / 'packed' / 'Alpha' / 'v1.hdf5', 'r') as f:
+        assert len(f['video']) == 3
+
+
+@pytest.mark.parametrize('dataset, layout', [
+    ('ucf101', 'ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01.avi'),
+    ('hmdb51', 'brush_hair/April_09_brush_hair_u_nm_np1_ba_goo_0.avi'),
+    ('kinetics', 'abseiling/0347ZoDXyP0_000095_000105.mp4'),
+    ('mit', 'adult+female+singing/yt-0hr6eQz4G4Q_15.mp4'),
+    ('activitynet', 'v_---9CpRcKoU.mp4')])
+def test_generate_video_jpgs_predecessor_command_lines(tmp_path, dataset, layout):
+    """`python -m util_scripts.generate_video_jpgs <videos> <jpgs> <dataset>` as
+    the predecessor's README gives it, with its --n_jobs/--fps/--size spellings."""
+    write_video(tmp_path / 'videos' / layout, n_frames=4)
+    generate_video_jpgs.main([str(tmp_path / 'videos'), str(tmp_path / 'jpg'), dataset,
+                              '--n_jobs', '1', '--fps', '-1', '--size', '240'])
+    folder = tmp_path / 'jpg' / layout.rsplit('.', 1)[0]
+    assert jpg_folder(folder) == [f'image_{i:05d}.jpg' for i in range(1, 5)]
 
 
 # ------------------------------------------------------------ eval_accuracy

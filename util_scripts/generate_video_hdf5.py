@@ -1,17 +1,20 @@
-"""Pack extracted JPEG frames into one hdf5 file per video.
+"""Pack JPEG frames into one hdf5 file per video, from frame folders or
+straight from the video files.
 
 python -m util_scripts.generate_video_hdf5 dir_path dst_path dataset [--n_jobs N]
-python -m util_scripts.generate_video_hdf5 dir_path dst_path dataset --from_video [--fps F] [--size 240]
+    [--from_video] [--fps F] [--size 240]
 
 dir_path/<class>/<video>/image_00001.jpg, ... (output of generate_video_jpgs)
 becomes dst_path/<class>/<video>.hdf5 with one dataset 'video' of
 variable-length uint8: element i holds the unchanged JPEG bytes of
 image_{i+1:05d}.jpg. ActivityNet is flat (dir_path/<video>/ ->
-dst_path/<video>.hdf5). With --from_video, dir_path holds the videos
-themselves (as for generate_video_jpgs): each is decoded with PyAV (no
-ffmpeg binary) and its frames JPEG-encoded straight into the file, in one
-pass. Files are written under a temporary name and renamed, so existing hdf5
-files are complete and skipped; the summary names every video that failed.
+dst_path/<video>.hdf5). When dir_path holds the videos themselves
+(<class>/<video>.<ext>, as for generate_video_jpgs and the predecessor's
+tool) and no frame folder, or with --from_video, each video is decoded with
+PyAV (no ffmpeg binary) and its frames JPEG-encoded straight into the file,
+in one pass. Files are written under a temporary name and renamed, so
+existing hdf5 files are complete and skipped; the summary names every video
+that failed.
 """
 import os
 from pathlib import Path
@@ -111,44 +114,51 @@ def list_frame_dirs(dir_path, dataset):
 
 def build_parser():
     parser = Parser(
-        description='Pack JPEG frame folders into <dst>/<class>/<video>.hdf5 '
-        "(dataset 'video', raw JPEG bytes per frame).")
+        description='Pack JPEG frame folders, or decode video files, into '
+        "<dst>/<class>/<video>.hdf5 (dataset 'video', JPEG bytes per frame).")
     parser.add_argument('dir_path', type=Path,
-                        help='frame root <class>/<video>/image_*.jpg (with '
-                        '--from_video: video root <class>/<video>.<ext>)')
+                        help='frame root <class>/<video>/image_*.jpg, or video '
+                        'root <class>/<video>.<ext> (flat for activitynet)')
     parser.add_argument('dst_path', type=Path, help='hdf5 root (created)')
     parser.add_argument('dataset', choices=DATASETS,
                         help='dataset name; decides the folder layout')
     parser.add_argument('--n_jobs', type=int, default=-1,
                         help='parallel processes (-1: all cores)')
     parser.add_argument('--from_video', action='store_true',
-                        help='decode video files (PyAV) instead of reading '
-                        'frame folders; --fps/--size/--quality apply then')
+                        help='decode the video files (PyAV) even where frame '
+                        'folders are found (a dir_path without frame folders is '
+                        'decoded anyway); --fps/--size/--quality apply then')
     add_frame_options(parser)
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    layout = '<video>' if args.dataset == 'activitynet' else '<class>/<video>'
-    if args.from_video:
-        require_dir(args.dir_path, 'dir_path', 'give the folder of the videos')
-        threads = decoder_threads(args.n_jobs)
-        jobs = [(video, args.dst_path / rel / f'{video.stem}.hdf5', args.fps,
-                 args.size, args.quality, threads)
-                for rel, video in list_videos(args.dir_path, args.dataset)]
-        func, what = convert_video_file, f'video file ({layout}.mp4/.avi/...)'
-    else:
-        require_dir(args.dir_path, 'dir_path',
-                    'give the output of util_scripts.generate_video_jpgs, or '
-                    'video files with --from_video')
-        jobs = [(d, args.dst_path / rel / f'{d.name}.hdf5')
-                for rel, d in list_frame_dirs(args.dir_path, args.dataset)]
-        func, what = convert_frame_dir, f'frame folder ({layout}/image_*.jpg)'
-    if not jobs:
-        fail(f'no {what} found in {args.dir_path}')
+    require_dir(args.dir_path, 'dir_path', 'give the folder of the videos or of their frames')
+    jobs, func = make_jobs(args)
     run_conversions(jobs, func, args.n_jobs, processes=True)
 
+
+def make_jobs(args):
+    """Frame folders are packed; video files are decoded, with --from_video or
+    when dir_path holds videos and no frame folder (the predecessor's tool
+    took the videos themselves: its command line runs as it was)."""
+    layout = '<video>' if args.dataset == 'activitynet' else '<class>/<video>'
+    frame_dirs = [] if args.from_video else list_frame_dirs(args.dir_path, args.dataset)
+    if frame_dirs:
+        return [(d, args.dst_path / rel / f'{d.name}.hdf5') for rel, d in frame_dirs], \
+            convert_frame_dir
+    videos = list_videos(args.dir_path, args.dataset)
+    if not videos:
+        found = 'video file' if args.from_video else \
+            f'frame folder ({layout}/image_*.jpg) nor video file'
+        fail(f'no {found} ({layout}.mp4/.avi/...) found in {args.dir_path}')
+    if not args.from_video:
+        print(f'{args.dir_path} holds video files and no frame folder: decoding them '
+              f'(as --from_video)')
+    threads = decoder_threads(args.n_jobs)
+    return [(video, args.dst_path / rel / f'{video.stem}.hdf5', args.fps, args.size,
+             args.quality, threads) for rel, video in videos], convert_video_file
 
 if __name__ == '__main__':
     main()
