@@ -329,3 +329,53 @@ def test_accuracy_lines():
     assert '  top-1 accuracy: 0.5000 (1/2)' in lines
     bad = predict.accuracy_lines({'a': 'zzz'}, ranked, ['x', 'y'], {})
     assert len(bad) == 1 and bad[0].startswith('accuracy not computed')
+
+
+def _with(checkpoint_path, path, change):
+    from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
+    checkpoint = load_checkpoint(checkpoint_path)
+    change(checkpoint)
+    save_checkpoint_atomic(checkpoint, path)
+    return str(path)
+
+
+def test_predict_runs_on_averaged_checkpoints(trained, tmp_path, capsys):
+    """average_checkpoints carries the options, class names, class count and
+    architecture over: predict.py reads the averaged file alone."""
+    from util_scripts import average_checkpoints
+    video_path, _, out, val = trained
+    v0, label0 = val[0]
+    save = str(out / 'save_1.pth')
+
+    def halved(checkpoint):  # other weights, same run
+        checkpoint['state_dict'] = {k: v / 2 if v.is_floating_point() else v
+                                    for k, v in checkpoint['state_dict'].items()}
+    other = _with(save, tmp_path / 'save_2.pth', halved)
+    average_checkpoints.main([save, save, '--output', str(tmp_path / 'same.pth')])
+    average_checkpoints.main([save, other, '--output', str(tmp_path / 'avg.pth')])
+    capsys.readouterr()
+    args = [str(video_path / label0 / v0), *PREDICT_VIEWS, '--topk', '0', '--json',
+            '--n_threads', '0']
+    printed = {}
+    for name, path in (('save', save), ('same', tmp_path / 'same.pth'),
+                       ('avg', tmp_path / 'avg.pth')):
+        assert predict.main([str(path), *args]) == 0, capsys.readouterr().err
+        printed[name] = json.loads(capsys.readouterr().out)['results'][v0]
+    assert printed['same'] == printed['save']  # the average of one file twice is that file
+    assert printed['avg'] != printed['save']
+
+
+@pytest.mark.parametrize('key, change', [
+    ('class_names', lambda c: c['class_names'].reverse()),
+    ('n_classes', lambda c: c.update(n_classes=c['n_classes'] + 1)),
+    ('opts.sample_size', lambda c: c['opts'].update(sample_size=c['opts']['sample_size'] * 2)),
+    ('opts.mean_dataset', lambda c: c['opts'].update(mean_dataset='kinetics'))])
+def test_averaging_refuses_checkpoints_of_other_settings(trained, tmp_path, capsys, key, change):
+    from util_scripts import average_checkpoints
+    save = str(trained[2] / 'save_1.pth')
+    other = _with(save, tmp_path / 'other.pth', change)
+    with pytest.raises(SystemExit):
+        average_checkpoints.main([save, other, '--output', str(tmp_path / 'avg.pth')])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err and 'other.pth' in err and save in err
+    assert not (tmp_path / 'avg.pth').exists()

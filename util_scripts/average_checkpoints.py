@@ -4,7 +4,10 @@
         results/save_10.pth --output results/average.pth [--weights ema]
 
 Every checkpoint must hold the same architecture (``arch``) with the same
-state-dict keys and shapes. Floating-point tensors are averaged; integer
+state-dict keys and shapes, class names and class count, and the same model and
+input options (``MODEL_AND_INPUT_OPTIONS``); the output carries them over
+(``opts`` and the fine-tuning settings from the last file), so ``predict.py``
+reads it alone. Floating-point tensors are averaged; integer
 buffers (BatchNorm's ``num_batches_tracked``) are taken from the last file.
 The output loads like any checkpoint: ``--resume_path average.pth --no_train
 --inference`` runs it (it has no optimizer state, so training from it starts
@@ -40,15 +43,53 @@ def _check_same_architecture(reference, ref_path, state, arch, path):
                                   f'{ref_path} {tuple(reference["state"][key].shape)}')
 
 
+# What a checkpoint says about the network and what it is shown, besides the
+# state dict's keys and shapes (checked apart): inputs must agree on them.
+RUN_KEYS = ('n_classes', 'class_names')  # and 'arch', checked with the state dict
+MODEL_AND_INPUT_OPTIONS = (
+    'model', 'model_depth', 'resnet_shortcut', 'resnet_widen_factor', 'wide_resnet_k',
+    'resnext_cardinality', 'conv1_t_size', 'conv1_t_stride', 'no_max_pool', 'input_type',
+    'sample_size', 'sample_duration', 'sample_t_stride', 'value_scale', 'mean_dataset',
+    'no_mean_norm', 'no_std_norm')
+# Carried over from the last file, as its epoch is (predict.py and resuming read them).
+CARRIED_KEYS = RUN_KEYS + ('arch', 'opts', 'ft_begin_module', 'ft_lr_ratio')
+
+
+def _settings(checkpoint):
+    """{key: value} of the settings the inputs must share (those the file holds)."""
+    settings = {k: checkpoint[k] for k in RUN_KEYS if k in checkpoint}
+    opts = checkpoint.get('opts') or {}
+    settings.update({f'opts.{k}': opts[k] for k in MODEL_AND_INPUT_OPTIONS if k in opts})
+    return settings
+
+
+def _short(value):
+    """A value for a one-line message: long lists (class names) cut to three."""
+    if isinstance(value, list) and len(value) > 3:
+        return repr(value[:3])[:-1] + ', ...]'
+    return repr(value)
+
+
+def _check_same_settings(reference, ref_path, checkpoint, path):
+    for key, value in _settings(checkpoint).items():
+        if key in reference and reference[key] != value:
+            raise CheckpointError(f'{path} and {ref_path} disagree on {key} ({_short(value)} '
+                                  f'vs {_short(reference[key])}): only checkpoints of one '
+                                  f'model with one input setting can be averaged')
+        reference.setdefault(key, value)
+
+
 def average_checkpoints(paths, which='raw'):
-    """The averaged checkpoint (a dict ready to save) of the files at `paths`."""
+    """The averaged checkpoint (a dict ready to save) of the files at `paths`,
+    with the last file's epoch, options, class names and architecture."""
     if len(paths) < 2:
         raise ValueError('give at least two checkpoints to average')
-    reference, sums = None, None
+    reference, sums, settings = None, None, {}
     for path in paths:
         checkpoint = load_checkpoint(path)
         state = _weights(checkpoint, which, path)
         arch = checkpoint.get('arch')
+        _check_same_settings(settings, paths[0], checkpoint, path)
         if reference is None:
             reference = {'arch': arch, 'state': state}
             sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in state.items()}
@@ -58,7 +99,8 @@ def average_checkpoints(paths, which='raw'):
             sums[key] = sums[key] + value.double() if value.is_floating_point() else value.clone()
     averaged = {k: (v / len(paths)).to(reference['state'][k].dtype) if v.is_floating_point()
                 else v for k, v in sums.items()}
-    return {'epoch': checkpoint.get('epoch', 0), 'arch': reference['arch'],
+    carried = {k: checkpoint[k] for k in CARRIED_KEYS if k in checkpoint}
+    return {**carried, 'epoch': checkpoint.get('epoch', 0), 'arch': reference['arch'],
             'state_dict': averaged, 'averaged_from': [str(p) for p in paths],
             'averaged_weights': which}
 
