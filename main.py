@@ -758,16 +758,13 @@ def infer(opt, ctx, record, config, model, datasets):
 
 
 def report_inference(opt, record, result_file):
-    """Top-1/top-5 (those the file holds), mean class accuracy; the per-class
-    report and the confusion picture next to the result file."""
+    """Top-1/top-5 (top-k up to the --output_topk labels the file holds, with
+    a note), mean class accuracy; the per-class report and the confusion
+    picture next to the result file."""
     subset = SUBSET_NAMES[opt.inference_subset]
-    ks = tuple(k for k in (1, 5) if opt.output_topk <= 0 or k <= opt.output_topk)
-    evaluation = evaluate_file(record.annotation_path, result_file, subset, ks=ks)
-    for k, hits in evaluation.topk_hits.items():
-        print(f'inference top-{k} video accuracy on {subset}: {hits / evaluation.n_videos:.4f} '
-              f'({hits}/{evaluation.n_videos})')
-    print(f'inference mean class accuracy on {subset}: '
-          f'{evaluation.report.mean_class_accuracy:.4f}')
+    evaluation = evaluate_file(record.annotation_path, result_file, subset, ks=(1, 5))
+    for line in evaluation.summary_lines():
+        print(f'inference on {subset}: video {line}')
     stem = opt.result_path / f'{opt.inference_subset}'
     stem.with_name(f'{stem.name}_report.txt').write_text(
         '\n'.join(evaluation.summary_lines()) + '\n\n' +

@@ -163,6 +163,24 @@ def test_report_after_inference(trained):
     assert (out / 'val_confusion.png').read_bytes()[:4] == b'\x89PNG'
 
 
+def test_report_of_a_top_3_result_file_says_top_3(trained, tmp_path, capsys):
+    """--output_topk 3 on 6 classes: main.py's report prints top-3 where top-5
+    is asked for, and says why (it printed top-1 alone before)."""
+    from types import SimpleNamespace
+    _, annotation_path, out, _ = trained
+    full = json.loads((out / 'val.json').read_text())
+    top3 = {v: sorted(entries, key=lambda e: -e['score'])[:3]
+            for v, entries in full['results'].items()}
+    (tmp_path / 'val.json').write_text(json.dumps({'results': top3, 'views': full['views']}))
+    opt = SimpleNamespace(inference_subset='val', result_path=tmp_path, output_topk=3)
+    main.report_inference(opt, SimpleNamespace(annotation_path=annotation_path),
+                          tmp_path / 'val.json')
+    printed = capsys.readouterr().out
+    assert 'video top-1 accuracy' in printed and 'video top-3 accuracy' in printed
+    assert 'top-5 accuracy: not in the results, which rank 3 labels per video' in printed
+    assert 'top-5 accuracy: not in the results' in (tmp_path / 'val_report.txt').read_text()
+
+
 def test_validation_only_run_writes_val_log_and_tensorboard_confusion(trained, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     video_path, annotation_path, out, _ = trained

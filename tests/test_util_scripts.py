@@ -26,7 +26,7 @@ from util_scripts import (
     mit_json,
     ucf101_json,
 )
-from utils.video_accuracy import compute_accuracy
+from utils.metrics import evaluate_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -576,6 +576,12 @@ def gt_and_result(tmp_path):
     return gt_path, result_path
 
 
+def compute_accuracy(gt, res, k=1, subset='validation', ignore=False):
+    """(top-k accuracy, hits, videos) of evaluate_file, the one evaluation path."""
+    e = evaluate_file(gt, res, subset, ignore, ks=(k,))
+    return e.topk(k), e.topk_hits[k], e.n_videos
+
+
 def test_eval_accuracy_top1_top2_ignore(gt_and_result):
     gt, res = gt_and_result
     # top-1: v1 right, v2 wrong, v3 right, v4 missing (wrong) -> 2/4.
@@ -603,6 +609,58 @@ def test_eval_accuracy_cli(gt_and_result, capsys):
                           capture_output=True, text=True)
     assert proc.returncode == 0
     assert 'top-2 accuracy: 0.7500 (3/4)' in proc.stdout
+
+
+def test_eval_accuracy_reads_and_counts_once(gt_and_result, monkeypatch, capsys):
+    """One evaluation path: the printed figure and top<k>.txt are the same count."""
+    import utils.metrics
+    import utils.video_accuracy
+    gt, res = gt_and_result
+    reads = []
+    for module in (utils.metrics, utils.video_accuracy):
+        real = module.load_results
+        monkeypatch.setattr(module, 'load_results',
+                            lambda path, real=real: reads.append(path) or real(path))
+    eval_accuracy.main([str(gt), str(res), '-k', '2', '--save'])
+    assert len(reads) == 1
+    # 3 classes: top-5 is printed as skipped, and then not saved either
+    with pytest.raises(SystemExit, match='top-5 accuracy: skipped'):
+        eval_accuracy.main([str(gt), str(res), '-k', '5', '--save'])
+    assert 'top-5 accuracy: skipped (only 3 classes)' in capsys.readouterr().out
+    assert not (res.parent / 'top5.txt').exists()
+
+
+def test_eval_accuracy_top_k_up_to_the_labels_the_file_holds(tmp_path, capsys):
+    """A result file of 3 labels per video (--output_topk 3) over 10 classes: its
+    "top-5" would be top-3; it is printed as top-3, and top-5 as not there."""
+    labels = [f'c{i}' for i in range(10)]
+    database = {f'v{i}': entry('validation', [1, 5], labels[i]) for i in range(4)}
+    gt = tmp_path / 'gt.json'
+    gt.write_text(json.dumps({'labels': labels, 'database': database}))
+    ranked = {'v0': ['c0', 'c1', 'c2'],   # top-1
+              'v1': ['c0', 'c1', 'c2'],   # 2nd
+              'v2': ['c0', 'c1', 'c5'],   # not among the 3: 4th or 5th, or later
+              'v3': ['c7', 'c8', 'c9']}
+    res = tmp_path / 'val.json'
+    res.write_text(json.dumps({'results': {v: [{'label': name, 'score': 0.5 - 0.1 * i}
+                                              for i, name in enumerate(names)]
+                                          for v, names in ranked.items()}}))
+    eval_accuracy.main([str(gt), str(res)])
+    out = capsys.readouterr().out
+    assert 'top-1 accuracy: 0.2500 (1/4)' in out
+    assert 'top-3 accuracy: 0.5000 (2/4)' in out
+    assert 'top-5 accuracy: not in the results, which rank 3 labels per video' in out
+    assert '--output_topk 5' in out
+    with pytest.raises(SystemExit, match='rank 3 labels per video'):
+        eval_accuracy.main([str(gt), str(res), '-k', '5', '--save'])
+    assert eval_accuracy.main([str(gt), str(res), '-k', '3']) == 0.5
+    # per-clip results: the labels each clip ranks
+    clips = {v: [{'segment': [1, 5], 'result': [{'label': name, 'score': 0.3}
+                                                 for name in names]}] * 2
+             for v, names in ranked.items()}
+    res.write_text(json.dumps({'results': clips}))
+    eval_accuracy.main([str(gt), str(res)])
+    assert 'top-5 accuracy: not in the results, which rank 3' in capsys.readouterr().out
 
 
 def test_eval_accuracy_empty_subset(gt_and_result):

@@ -10,12 +10,14 @@ per-clip form {"results": {video_id: [{"segment", "result": [...]}, ...]}},
 whose scores are averaged over the clips of each video first. Every
 labelled video of the subset counts; one without a result counts as wrong
 unless --ignore restricts the evaluation to the videos in the results.
+Top-k needs k labels per video: from a file that ranks fewer (inference's
+--output_topk 3, say) the largest top-k it holds is printed instead, with a
+note.
 """
 import argparse
 from pathlib import Path
 
 from utils.metrics import evaluate_file, format_report, save_confusion_png
-from utils.video_accuracy import compute_accuracy
 
 
 def main(argv=None):
@@ -42,12 +44,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        accuracy = compute_accuracy(args.ground_truth_path, args.result_path, args.k,
-                                    args.subset, args.ignore)[0]
         evaluation = evaluate_file(args.ground_truth_path, args.result_path, args.subset,
                                    args.ignore, ks=(1, args.k, 5))
     except (OSError, ValueError) as e:
         raise SystemExit(f'error: {e}')
+    accuracy = evaluation.topk(args.k)
     print('\n'.join(evaluation.summary_lines()))
     if args.report:
         print('\n' + format_report(evaluation.report, evaluation.class_names))
@@ -55,6 +56,9 @@ def main(argv=None):
         save_confusion_png(evaluation.confusion, evaluation.class_names, args.confusion)
         print(f'confusion matrix: {args.confusion}')
     if args.save:
+        if accuracy is None:
+            raise SystemExit(f'error: top-{args.k} accuracy: {evaluation.why_not(args.k)}; '
+                             f'nothing written')
         # Same content as the predecessor's file: the bare accuracy.
         with (args.result_path.parent / f'top{args.k}.txt').open('w') as f:
             f.write(str(accuracy))

@@ -6,6 +6,7 @@ annotation's label order. Videos without a usable prediction (no result, or a
 label unknown to the annotation) are counted per true class in ``unscored``:
 they lower recall and mean class accuracy but belong to no column.
 """
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,14 +103,16 @@ class VideoEvaluation:
     the per-class report, in the order of ``class_names``."""
     class_names: list
     n_videos: int
-    ks: tuple  # the k asked for; topk_hits leaves out those above the class count
+    ks: tuple  # the k asked for; topk_hits leaves out those it cannot count
     topk_hits: dict  # k -> number of videos whose label is among the first k
     confusion: np.ndarray
     unscored: np.ndarray
     report: ClassReport
+    depth: int | None = None  # labels ranked per video, when fewer than the classes
 
     def topk(self, k):
-        """Top-k accuracy, or None when it was skipped (fewer than k classes)."""
+        """Top-k accuracy, or None when it cannot be counted (fewer than k
+        classes, or results that rank fewer than k labels per video)."""
         if k not in self.topk_hits:
             return None
         return self.topk_hits[k] / max(self.n_videos, 1)
@@ -120,19 +123,39 @@ class VideoEvaluation:
             lines.append(f'top-{k} accuracy: {hits / max(self.n_videos, 1):.4f} '
                          f'({hits}/{self.n_videos})')
         for k in (k for k in self.ks if k not in self.topk_hits):
-            lines.append(f'top-{k} accuracy: skipped (only {len(self.class_names)} classes)')
+            lines.append(f'top-{k} accuracy: {self.why_not(k)}')
         lines.append(f'mean class accuracy: {self.report.mean_class_accuracy:.4f} '
                      f'({int((self.report.support > 0).sum())} classes)')
         return lines
 
+    def why_not(self, k):
+        if k > len(self.class_names):
+            return f'skipped (only {len(self.class_names)} classes)'
+        return (f'not in the results, which rank {self.depth} labels per video (top-'
+                f'{self.depth} above; inference with --output_topk {k} or 0 writes more)')
 
-def evaluate_ranked(ground_truth, ranked, class_names, ignore=False, ks=(1, 5)):
+
+def _countable_ks(ks, n_classes, depth):
+    """The k whose top-k the results can tell: at most the class count, and at
+    most the labels ranked per video, which takes the place of a larger k."""
+    countable = set()
+    for k in ks:
+        if k < 1:
+            raise ValueError(f'k must be at least 1, got {k}')
+        if k <= n_classes:
+            countable.add(k if depth is None else min(k, depth))
+    return sorted(countable)
+
+
+def evaluate_ranked(ground_truth, ranked, class_names, ignore=False, ks=(1, 5), depth=None):
     """Evaluates ranked predictions against labels.
 
     ground_truth: {video_id: label name}; ranked: {video_id: label names by
     decreasing score}; class_names: the annotation's labels (their order is the
-    matrix's). A labelled video without a result counts as wrong (unscored)
-    unless ``ignore``; top-k is left out for k above the class count.
+    matrix's); depth: the labels ranked per video when fewer than all (top-k
+    for a larger k is top-depth). A labelled video without a result counts as
+    wrong (unscored) unless ``ignore``; top-k is left out for k above the class
+    count.
     """
     index = {name: i for i, name in enumerate(class_names)}
     unknown = sorted({label for label in ground_truth.values() if label not in index})
@@ -141,10 +164,10 @@ def evaluate_ranked(ground_truth, ranked, class_names, ignore=False, ks=(1, 5)):
                          f'labels')
     videos = [v for v in ground_truth if v in ranked or not ignore]
     n = len(class_names)
+    depth = depth if depth and depth < n else None  # 0: no results at all
     targets, predictions = [], []
     unscored = np.zeros(n, dtype=np.int64)
-    ks = tuple(sorted(set(ks)))
-    hits = {k: 0 for k in ks if k <= n}
+    hits = {k: 0 for k in _countable_ks(ks, n, depth)}
     for v in videos:
         t = index[ground_truth[v]]
         labels = ranked.get(v) or []
@@ -156,22 +179,33 @@ def evaluate_ranked(ground_truth, ranked, class_names, ignore=False, ks=(1, 5)):
         else:
             unscored[t] += 1
     confusion = confusion_matrix(targets, predictions, n)
-    return VideoEvaluation(list(class_names), len(videos), ks, hits, confusion, unscored,
-                           class_report(confusion, unscored))
+    return VideoEvaluation(list(class_names), len(videos), tuple(sorted(set(ks))), hits,
+                           confusion, unscored, class_report(confusion, unscored), depth)
 
 
 def evaluate_file(gt_path, result_path, subset='validation', ignore=False, ks=(1, 5)):
     """VideoEvaluation of an inference result file against an annotation file,
     classes in the annotation's label order (sorted ground-truth labels if it
-    lists none)."""
+    lists none). Warns on stderr when the results use labels the annotation
+    lacks, or share no video with the subset (an error with ``ignore``)."""
     subset = canonical_subset(subset)
     ground_truth, labels = load_ground_truth(gt_path, subset)
-    results = load_results(result_path)
-    if ignore and not any(v in results for v in ground_truth):
-        raise ValueError(f"none of the {len(ground_truth)} '{subset}' videos of {gt_path} has "
-                         f'a result in {result_path}; check --subset')
+    results, depth = load_results(result_path)
+    unknown = {label for ranked in results.values() for label in ranked} - set(labels)
+    if labels and unknown:
+        print(f'warning: the results use {len(unknown)} label(s) absent from {gt_path} '
+              f'(e.g. {sorted(unknown)[0]!r}); is it the right annotation file?',
+              file=sys.stderr)
+    if not any(v in results for v in ground_truth):
+        message = (f"none of the {len(ground_truth)} '{subset}' videos of {gt_path} has a "
+                   f'result in {result_path}; check --subset and that both files describe '
+                   f'the same dataset and split')
+        if ignore:
+            raise ValueError(message)
+        print('warning: ' + message, file=sys.stderr)
     class_names = list(labels) or sorted(set(ground_truth.values()))
-    return evaluate_ranked(ground_truth, results, class_names, ignore=ignore, ks=ks)
+    return evaluate_ranked(ground_truth, results, class_names, ignore=ignore, ks=ks,
+                           depth=depth)
 
 
 def _row_normalized(confusion):

@@ -1,5 +1,6 @@
-"""Top-k video accuracy of an inference result file against an annotation file
-(used after --inference by main.py and by util_scripts/eval_accuracy.py).
+"""Reading inference result files and annotation ground truth for the video
+evaluation (utils/metrics.py's evaluate_file, used after --inference by
+main.py and by util_scripts/eval_accuracy.py).
 
 The result file is what inference writes: {"results": {video_id: [{"label",
 "score"}, ...]}}, or the per-clip form {"results": {video_id: [{"segment",
@@ -9,7 +10,6 @@ counts as wrong unless ignore=True restricts the evaluation to the videos in
 the results.
 """
 import json
-import sys
 from pathlib import Path
 
 from datasets.annotation import SUBSET_NAMES
@@ -80,7 +80,9 @@ def average_clips(clips, video_id):
 
 
 def load_results(result_path):
-    """{video_id: labels sorted by decreasing score}."""
+    """({video_id: labels sorted by decreasing score}, depth): depth is the most
+    labels the file ranks for a video (for per-clip results, for a clip), which
+    is inference's --output_topk when it wrote fewer than all classes."""
     data = _load(result_path, 'result JSON')
     if not isinstance(data, dict) or not isinstance(data.get('results'),
                                                     dict):
@@ -88,9 +90,13 @@ def load_results(result_path):
                          '{"results": {"<video_id>": [{"label", "score"}, '
                          '...]}}')
     ranked = {}
+    depth = 0
     for video_id, entries in data['results'].items():
         if entries and isinstance(entries[0], dict) and 'result' in entries[0]:
             entries = average_clips(entries, video_id)
+            depth = max([depth] + [len(clip['result']) for clip in data['results'][video_id]])
+        else:
+            depth = max(depth, len(entries))
         try:
             # Stable sort: ties keep the file's order.
             ordered = sorted(entries, key=lambda e: e['score'], reverse=True)
@@ -98,36 +104,4 @@ def load_results(result_path):
         except (KeyError, TypeError):
             raise ValueError(f'{result_path}: video {video_id}: entries need '
                              '"label" and "score"')
-    return ranked
-
-
-def compute_accuracy(gt_path, result_path, k=1, subset='validation',
-                     ignore=False):
-    """Top-k video accuracy; returns (accuracy, n_correct, n_total).
-
-    Raises DataError (a ValueError) with a readable message.
-    """
-    if k < 1:
-        raise ValueError(f'k must be at least 1, got {k}')
-    subset = canonical_subset(subset)
-    ground_truth, labels = load_ground_truth(gt_path, subset)
-    results = load_results(result_path)
-
-    unknown = {label for ranked in results.values() for label in ranked}
-    unknown -= set(labels)
-    if labels and unknown:
-        print(f'warning: the results use {len(unknown)} label(s) absent from '
-              f'{gt_path} (e.g. {sorted(unknown)[0]!r}); is it the right '
-              'annotation file?', file=sys.stderr)
-
-    evaluated = [v for v in ground_truth if v in results]
-    if not evaluated:
-        message = (f"none of the {len(ground_truth)} '{subset}' videos of "
-                   f'{gt_path} has a result in {result_path}; check --subset '
-                   'and that both files describe the same dataset and split')
-        if ignore:
-            raise ValueError(message)
-        print('warning: ' + message, file=sys.stderr)
-    n_total = len(evaluated) if ignore else len(ground_truth)
-    n_correct = sum(ground_truth[v] in results[v][:k] for v in evaluated)
-    return n_correct / n_total, n_correct, n_total
+    return ranked, depth
