@@ -77,11 +77,21 @@ def _quarter_turns(frame) -> int:
     return round((rotation or 0) / 90) % 4
 
 
-def _reformatter():
+class _Scaler:
     """One per loader / video: FFmpeg's scaler context is kept between frames
-    (``frame.to_ndarray(format=...)`` builds a new one per frame: ~10x slower)."""
-    from av.video.reformatter import VideoReformatter
-    return VideoReformatter()
+    (``frame.to_ndarray(format=...)`` builds a new one per frame: ~10x slower).
+    ``threads``: the scaler's threads (0, PyAV's default: one per core)."""
+
+    def __init__(self, threads: int = 0):
+        from av.video.reformatter import VideoReformatter
+        self.reformatter, self.threads = VideoReformatter(), threads
+
+    def reformat(self, frame, **kwargs):
+        return self.reformatter.reformat(frame, threads=self.threads, **kwargs)
+
+
+def _reformatter(threads: int = 0) -> _Scaler:
+    return _Scaler(threads)
 
 
 def _to_array(frame, short_side: int | None, reformatter,
@@ -105,10 +115,13 @@ def _stack(arrays: list[np.ndarray]) -> torch.Tensor:
 
 
 def _set_threads(stream, threads: int) -> None:
+    """``threads`` decoder threads (0: FFmpeg picks one per core).  1 is set too:
+    left alone, PyAV's default (0) starts a pool of threads per open container
+    (a DataLoader worker had 19 more threads after clips of 12 videos)."""
     ctx = stream.codec_context
+    ctx.thread_count = threads
     if threads != 1:
         ctx.thread_type = 'AUTO'
-        ctx.thread_count = threads  # 0: FFmpeg picks one per core
 
 
 def _frame_rate(stream) -> float | None:
@@ -128,7 +141,7 @@ def iter_frames(path, fps: float | None = None, short_side: int | None = None,
         stream = container.streams.video[0]
         _set_threads(stream, threads)
         frames = container.decode(stream)
-        convert = _reformatter()
+        convert = _reformatter(threads)
         try:
             if fps is None or fps <= 0:
                 for frame in frames:
@@ -509,9 +522,9 @@ class VideoClipLoader:
     :class:`datasets.video_index.FrameTable`: an open costs no demux pass) or, for
     a video it does not hold or that changed since, from demuxing the file on
     open.  Open containers are kept per process in a small LRU cache (inference
-    windows hit the same video again).  ``threads``: decoder threads; None = one
-    inside DataLoader workers (the workers are the parallelism), FFmpeg's choice
-    (one per core) in the main process.
+    windows hit the same video again).  ``threads``: decoder (and scaler) threads;
+    None = one inside DataLoader workers (the workers are the parallelism),
+    FFmpeg's choice (one per core) in the main process.
     """
 
     def __init__(self, short_side: int | None = None, threads: int | None = None,
@@ -544,7 +557,8 @@ class VideoClipLoader:
 
     def _get(self, path: str) -> _OpenVideo:
         if self._pid != os.getpid():  # fresh process: never use a parent's handles
-            self._open, self._pid, self._convert = OrderedDict(), os.getpid(), _reformatter()
+            self._open, self._pid = OrderedDict(), os.getpid()
+            self._convert = _reformatter(self._threads())
         video = self._open.get(path)
         if video is not None:
             self._open.move_to_end(path)

@@ -1,0 +1,57 @@
+"""The video loader inside DataLoader worker processes: one decoder thread per
+worker, and frame indexes kept across epochs (workers are re-forked every epoch)."""
+import os
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from datasets.video import VideoClipLoader
+from tests.video_files import write_video
+
+
+def n_threads() -> int:
+    return len(os.listdir('/proc/self/task'))
+
+
+class ClipsOf(Dataset):
+    """Item i: a clip of video i, and what the worker looked like after it:
+    (its thread count before the first clip, after this clip, the loader's stats)."""
+
+    def __init__(self, paths, loader):
+        self.paths, self.loader, self.first = paths, loader, None
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        if self.first is None:
+            self.first = n_threads()
+        clip = self.loader(self.paths[i], list(range(4)))
+        return clip.shape[0], self.first, n_threads(), dict(self.loader.stats)
+
+
+def videos(folder, n, suffix='.mp4'):
+    return [write_video(folder / f'v{i}{suffix}', n_frames=8, width=64, height=48)
+            for i in range(n)]
+
+
+def test_a_loader_worker_keeps_one_decoder_thread(tmp_path):
+    """Clips of 12 H.264 videos in one worker (the loader keeps 8 open): its thread
+    count grows by at most one (FFmpeg's automatic count started threads per open
+    container before: 1 -> 20 threads on this 2-core machine)."""
+    data = DataLoader(ClipsOf(videos(tmp_path, 12), VideoClipLoader()), batch_size=None,
+                      num_workers=1)
+    items = list(data)
+    first, last = items[0][1], items[-1][2]
+    assert [n for n, *_ in items] == [4] * 12
+    assert last - first <= 1, f'worker threads {first} -> {last}'
+
+
+def test_one_thread_decodes_the_frames_of_ffmpegs_count(tmp_path):
+    loader = VideoClipLoader()  # the main process: FFmpeg's count
+    path = videos(tmp_path, 1)[0]
+    assert loader(path, [0, 1]).shape[0] == 2
+    worker = VideoClipLoader(threads=1)
+    worker(path, [0])
+    assert worker._get(str(path)).stream.codec_context.thread_count == 1
+    assert torch.equal(worker(path, [0, 1]), loader(path, [0, 1]))
