@@ -27,7 +27,7 @@ from datasets.temporal_transforms import (
     TemporalEvenCrop,
     TemporalRandomCrop,
 )
-from datasets.video_index import load_record_table
+from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from utils.distributed import barrier
 from utils.errors import DataError, OptionError
@@ -88,10 +88,20 @@ def _finish(dataset, spatial, record):
     return dataset
 
 
+def _make_loader(opt, short_side=None):
+    loader = make_loader(opt.file_type, opt.input_type, short_side=short_side)
+    if opt.file_type == 'video':
+        # each video's frame index (keyframes, timestamps) is demuxed once per run,
+        # not once per open, and kept across epochs and workers (datasets/video_index.py)
+        loader.frame_table = FrameTable(opt.result_path / INDEX_CACHE_DIR / 'frames')
+        loader.frame_table.compact()
+    return loader
+
+
 def _eval_loader(opt):
     # The eval transforms resize the short side to sample_size first: video
     # frames are converted at that size (FFmpeg's scaler), the resize is then a no-op.
-    return make_loader(opt.file_type, opt.input_type, short_side=opt.sample_size)
+    return _make_loader(opt, short_side=opt.sample_size)
 
 
 def get_training_data(opt, record):
@@ -107,7 +117,7 @@ def get_training_data(opt, record):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale,
                                     randaugment=opt.randaugment, random_erasing=opt.random_erasing)
-    loader = make_loader(opt.file_type, opt.input_type)
+    loader = _make_loader(opt)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 

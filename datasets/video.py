@@ -563,10 +563,12 @@ class VideoClipLoader:
         if video is not None:
             self._open.move_to_end(path)
             return video
-        index = self.frame_table.get(path) if self.frame_table is not None else None
+        index, key = self.frame_table.get(path) if self.frame_table is not None else (None, None)
         video = _OpenVideo(path, self._threads(), index)
-        self.stats['scanned' if index is None else 'stored'] = \
-            self.stats.get('scanned' if index is None else 'stored', 0) + 1
+        if index is None and key is not None:
+            self.frame_table.add(key, video.index)
+        opened = 'scanned' if index is None else 'stored'
+        self.stats[opened] = self.stats.get(opened, 0) + 1
         self._open[path] = video
         if len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()

@@ -13,12 +13,19 @@ it as an ``.npz`` in ``cache_dir`` (next to the results), keyed by the
 annotation file (path, size, modification time), the video path (and its
 modification time), the subset, data set and file type: a change to any of
 them builds a new one.  A cached start-up reads the arrays and skips the JSON.
+
+:class:`FrameTable` keeps the frame indexes of ``--file_type video`` files (what a
+frame-exact seek needs: timestamps, keyframes) in memory-mapped segment files
+under ``<result_path>/data_index/frames/``: each video is demuxed once per run
+(at its first open), not at every open.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import secrets
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,7 +33,7 @@ import numpy as np
 
 from datasets.annotation import VideoRecord, load_annotations
 
-__all__ = ['RecordTable', 'load_record_table']
+__all__ = ['FrameTable', 'RecordTable', 'load_record_table']
 
 FORMAT_VERSION = 1
 _ARRAYS = ('ids', 'id_offsets', 'paths', 'path_offsets', 'first_frame', 'n_frames', 'label',
@@ -149,3 +156,223 @@ def load_record_table(annotation_path, subset: str, video_path, dataset: str,
     if cache is not None:
         table.save(cache, class_names)
     return table, class_names, False
+
+
+# ----------------------------------------------------------------------------- frame indexes
+# What the frame-exact video loader needs of each video (datasets.video.FrameIndex:
+# timestamps, keyframes) comes from a demux pass over the whole file; a FrameTable
+# keeps it, so that a clip costs open + seek + at most one GOP of decoding whatever
+# the video's length.
+
+FRAMES_VERSION = 1
+FLUSH_EVERY = 4096  # new indexes a process keeps before writing them out
+COMPACT_ABOVE = 4  # segment files merged into one when a run starts
+_UNTIMED, _TRUNCATED = 1, 2  # flags
+_ROWS = {'hash': np.uint64, 'size': np.int64, 'mtime': np.int64, 'n_frames': np.int32,
+         'expected': np.int32, 'flags': np.uint8, 'pts0': np.int64, 'step': np.int64,
+         'pts_off': np.int64, 'key_off': np.int64}
+_RAGGED = {'pts': np.int64, 'key_pos': np.int32, 'key_pts': np.int64, 'key_seek': np.int64}
+
+
+def path_hash(path: str) -> int:
+    """64 bits of the path's BLAKE2b digest: the same in every process (unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(path.encode('utf-8', 'surrogateescape'),
+                                          digest_size=8).digest(), 'little')
+
+
+def _write_segment(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """One .npy of bytes: an 8-byte header length, a JSON layout, then the arrays at
+    8-aligned offsets (so that a memory map gives each as a view); atomic."""
+    layout, parts, offset = {}, [], 0
+    for name, a in arrays.items():
+        data = np.ascontiguousarray(a).tobytes()
+        layout[name] = [np.dtype(a.dtype).str, offset, len(a)]
+        parts.append(data + b'\0' * (-len(data) % 8))
+        offset += len(parts[-1])
+    header = json.dumps({'version': FRAMES_VERSION, 'arrays': layout}).encode()
+    header += b' ' * (-len(header) % 8)
+    blob = len(header).to_bytes(8, 'little') + header + b''.join(parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
+    with open(tmp, 'wb') as f:
+        np.save(f, np.frombuffer(blob, np.uint8))
+    os.replace(tmp, path)
+
+
+def _read_segment(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of a segment as views of a read-only memory map (pages shared by
+    every process that maps the file); None if it is missing, damaged or of another
+    version."""
+    try:
+        blob = np.load(path, mmap_mode='r', allow_pickle=False)
+        n = int.from_bytes(blob[:8].tobytes(), 'little')
+        meta = json.loads(blob[8:8 + n].tobytes())
+        if meta.get('version') != FRAMES_VERSION:
+            return None
+        base = 8 + n
+        return {name: blob[base + off:base + off + count * np.dtype(dt).itemsize].view(dt)
+                for name, (dt, off, count) in meta['arrays'].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _row_values(index) -> tuple[dict, np.ndarray]:
+    """(scalar fields, presentation timestamps to store: none when they are regular,
+    pts0 + step * position)."""
+    flags = (_UNTIMED if index.pts is None else 0) | (_TRUNCATED if index.truncated else 0)
+    row = dict(n_frames=index.n_frames, expected=-1 if index.expected is None else index.expected,
+               flags=flags, pts0=0, step=1)
+    pts = index.pts if index.pts is not None else np.zeros(0, np.int64)
+    if len(pts):
+        steps = np.diff(pts)
+        row['pts0'] = int(pts[0])
+        if len(steps) and (steps == steps[0]).all():
+            row['step'] = int(steps[0])
+        elif len(steps):
+            row['step'] = 0  # irregular: stored
+            return row, pts
+    return row, np.zeros(0, np.int64)
+
+
+def _pack_indexes(entries: list[tuple[int, int, int, object]]) -> dict[str, np.ndarray]:
+    """Segment arrays of (path hash, size, mtime_ns, FrameIndex) entries, sorted by hash."""
+    entries = sorted(entries, key=lambda e: e[0])
+    cols = {name: [] for name in _ROWS}
+    ragged = {name: [] for name in _RAGGED}
+    n_pts = n_keys = 0
+    for h, size, mtime, index in entries:
+        row, pts = _row_values(index)
+        for name, value in dict(hash=h, size=size, mtime=mtime, pts_off=n_pts,
+                                key_off=n_keys, **row).items():
+            cols[name].append(value)
+        ragged['pts'].append(pts)
+        for name in ('key_pos', 'key_pts', 'key_seek'):
+            ragged[name].append(np.asarray(getattr(index, name)))
+        n_pts, n_keys = n_pts + len(pts), n_keys + len(index.key_pos)
+    cols['pts_off'].append(n_pts)
+    cols['key_off'].append(n_keys)
+    arrays = {name: np.asarray(cols[name], dtype) for name, dtype in _ROWS.items()}
+    for name, dtype in _RAGGED.items():
+        arrays[name] = np.concatenate(ragged[name]).astype(dtype) if entries else \
+            np.zeros(0, dtype)
+    return arrays
+
+
+def _unpack(seg: dict[str, np.ndarray], i: int):
+    from datasets.video import FrameIndex
+    n, flags = int(seg['n_frames'][i]), int(seg['flags'][i])
+    k0, k1 = int(seg['key_off'][i]), int(seg['key_off'][i + 1])
+    if flags & _UNTIMED:
+        pts = None
+    elif seg['step'][i] == 0:
+        pts = np.array(seg['pts'][int(seg['pts_off'][i]):int(seg['pts_off'][i + 1])])
+    else:
+        pts = int(seg['pts0'][i]) + int(seg['step'][i]) * np.arange(n, dtype=np.int64)
+    expected = int(seg['expected'][i])
+    return FrameIndex(pts, np.array(seg['key_pos'][k0:k1]), np.array(seg['key_pts'][k0:k1]),
+                      np.array(seg['key_seek'][k0:k1]), n, bool(flags & _TRUNCATED),
+                      None if expected < 0 else expected)
+
+
+class FrameTable:
+    """The frame indexes of the videos a run has opened, kept in ``folder``
+    (``<result_path>/data_index/frames/``) across epochs, DataLoader workers
+    (re-forked every epoch) and restarts.
+
+    A process that opens a video the table does not hold (or that changed since:
+    its size or modification time differ) demuxes it once and adds its index; new
+    indexes are written out as a segment file every FLUSH_EVERY and when the process
+    exits.  Every process memory-maps the segments, so a forked worker shares their
+    pages instead of copying them (numpy arrays, no Python object per video: at
+    Kinetics scale, 650k videos); a lookup is a binary search per segment.  A
+    segment is written under a unique name and renamed into place, so processes
+    and ranks writing at once do not clash."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self._pid = None
+        self._segments: list[dict[str, np.ndarray]] = []
+        self._pending: list[tuple] = []
+
+    def __getstate__(self):
+        return {'folder': self.folder, '_pid': None, '_segments': [], '_pending': []}
+
+    def _files(self) -> list[Path]:
+        try:
+            return sorted(self.folder.glob('frames_*.npy'), key=lambda p: p.name, reverse=True)
+        except OSError:
+            return []
+
+    def _fresh(self) -> None:
+        """In a new process (a forked worker): map the segments there are now."""
+        if self._pid == os.getpid():
+            return
+        self._pid, self._pending = os.getpid(), []
+        self._segments = [s for s in map(_read_segment, self._files()) if s is not None]
+        from multiprocessing import util
+        util.Finalize(self, FrameTable.flush, args=(self,), exitpriority=10)
+
+    def __len__(self) -> int:
+        self._fresh()
+        return sum(len(s['hash']) for s in self._segments) + len(self._pending)
+
+    def get(self, path: str):
+        """(the stored FrameIndex of the video at ``path`` or None, the key to store
+        one under: (path hash, size, mtime_ns), None if the file cannot be stat'ed)."""
+        self._fresh()
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None, None
+        key = (path_hash(path), st.st_size, st.st_mtime_ns)
+        for seg in self._segments:
+            i = int(np.searchsorted(seg['hash'], np.uint64(key[0])))
+            while i < len(seg['hash']) and int(seg['hash'][i]) == key[0]:
+                if seg['size'][i] == key[1] and seg['mtime'][i] == key[2]:
+                    return _unpack(seg, i), key
+                i += 1
+        for pending_key, index in self._pending:
+            if pending_key == key:
+                return index, key
+        return None, key
+
+    def add(self, key, index) -> None:
+        self._fresh()
+        self._pending.append((key, index))
+        if len(self._pending) >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the indexes this process added as a new segment."""
+        if not self._pending or self._pid != os.getpid():
+            return
+        name = f'frames_{time.time_ns():020d}_{os.getpid()}_{secrets.token_hex(4)}.npy'
+        try:
+            _write_segment(self.folder / name, _pack_indexes([(*k, index) for k, index in self._pending]))
+        except OSError:
+            return  # a cache: not writing it only costs demuxing again
+        self._pending = []
+        segment = _read_segment(self.folder / name)
+        if segment is not None:
+            self._segments.insert(0, segment)
+
+    def compact(self) -> None:
+        """Merge the segments into one when there are more than COMPACT_ABOVE (at the
+        start of a run: each epoch's workers may have added one).  Newest entry of a
+        video wins; inputs are removed only after the merged file is in place."""
+        files = self._files()
+        if len(files) <= COMPACT_ABOVE:
+            return
+        entries, seen = [], set()
+        for path in files:  # newest first
+            seg = _read_segment(path)
+            for i in range(len(seg['hash']) if seg is not None else 0):
+                key = (int(seg['hash'][i]), int(seg['size'][i]), int(seg['mtime'][i]))
+                if key[0] not in seen:
+                    seen.add(key[0])
+                    entries.append((*key, _unpack(seg, i)))
+        newest = files[0].name
+        _write_segment(self.folder / f'{newest[:-4]}_merged.npy', _pack_indexes(entries))
+        for path in files:
+            path.unlink(missing_ok=True)
+        self._pid = None  # map the merged file on next use

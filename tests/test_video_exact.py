@@ -58,11 +58,28 @@ def wrong_frames(loader, path, n: int, hidden: int = 0) -> tuple[int, int, list]
     return wrong, total, examples[:3]
 
 
+@pytest.fixture(scope='module')
+def stored(corpus, tmp_path_factory):
+    """The corpus's frame indexes written to a FrameTable (as a first epoch does)."""
+    from datasets.video_index import FrameTable
+    folder = tmp_path_factory.mktemp('frames')
+    first = VideoClipLoader(threads=1, frame_table=FrameTable(folder))
+    for path in corpus.values():
+        first(path, [0])
+    first.frame_table.flush()
+    return folder
+
+
+@pytest.mark.parametrize('index', ['scanned', 'stored'])
 @pytest.mark.parametrize('name', list(CORPUS))
-def test_every_frame_is_the_one_asked_for(corpus, name):
+def test_every_frame_is_the_one_asked_for(corpus, stored, name, index):
+    """Through the index demuxed on open and through the stored one (FrameTable)."""
+    from datasets.video_index import FrameTable
     path = corpus[name]
-    wrong, total, examples = wrong_frames(VideoClipLoader(threads=1), path, n_frames_of(name))
+    loader = VideoClipLoader(threads=1, frame_table=FrameTable(stored) if index == 'stored' else None)
+    wrong, total, examples = wrong_frames(loader, path, n_frames_of(name))
     assert wrong == 0, f'{name}: {wrong} of {total} frames wrong, e.g. {examples}'
+    assert loader.stats == {'decoded': loader.stats['decoded'], index: 1}
 
 
 def truncated_copies(corpus, folder) -> dict:

@@ -82,3 +82,95 @@ def test_data_sets_read_the_table_arrays(tmp_path):
     window = SlidingWindow(8, 4)
     a, b = VideoWindowDataset(table, None, window), VideoWindowDataset(records, None, window)
     assert np.array_equal(a.video_offsets, b.video_offsets) and len(a) == len(b) > len(records)
+
+
+# ----------------------------------------------------------------------------- FrameTable
+
+def scanned_index(path):
+    import av
+
+    from datasets.video import scan_frame_index
+    with av.open(str(path)) as container:
+        return scan_frame_index(container, container.streams.video[0])
+
+
+def same_index(a, b) -> bool:
+    arrays = ('key_pos', 'key_pts', 'key_seek')
+    return (a.n_frames, a.truncated, a.expected) == (b.n_frames, b.truncated, b.expected) and \
+        ((a.pts is None and b.pts is None) or np.array_equal(a.pts, b.pts)) and \
+        all(np.array_equal(getattr(a, k), getattr(b, k)) for k in arrays)
+
+
+@pytest.fixture(scope='module')
+def four_videos(tmp_path_factory):
+    """Regular timestamps (.avi), a variable frame rate (stored timestamps), frames an
+    edit list hides, and a file cut short."""
+    from tests.test_video import write_vfr
+    from tests.video_files import write_coded_video, write_video
+    folder = tmp_path_factory.mktemp('four')
+    cut = write_video(folder / 'full.avi', n_frames=40, gop=5)
+    (folder / 'cut.avi').write_bytes(cut.read_bytes()[:cut.stat().st_size * 3 // 4])
+    return [write_video(folder / 'a.avi', n_frames=20, gop=5),
+            write_vfr(folder / 'vfr.mp4', [40, 120, 40, 40, 120, 40]),
+            write_coded_video(folder / 'edit.mp4', 'libx264', 30, {'g': '8'}, first_pts=-3),
+            folder / 'cut.avi']
+
+
+def test_frame_table_stores_what_the_scan_finds(four_videos, tmp_path):
+    from datasets.video_index import FrameTable
+    table = FrameTable(tmp_path)
+    for path in four_videos:
+        index, key = table.get(str(path))
+        assert index is None and key is not None
+        table.add(key, scanned_index(path))
+    table.flush()
+    assert len(list(tmp_path.glob('frames_*.npy'))) == 1
+    again = FrameTable(tmp_path)  # another process's view
+    assert len(again) == 4
+    for path in four_videos:
+        stored, _ = again.get(str(path))
+        assert stored is not None and same_index(stored, scanned_index(path)), path.name
+    flags = [again.get(str(p))[0] for p in four_videos]
+    assert [f.truncated for f in flags] == [False, False, False, True]
+    assert flags[2].n_frames == 27  # the 3 hidden frames have no position
+    assert again.get(str(tmp_path / 'none.mp4')) == (None, None)
+
+
+def test_the_index_is_built_once_reused_and_rebuilt_when_the_video_changes(tmp_path):
+    from datasets.video import VideoClipLoader
+    from datasets.video_index import FrameTable
+    from tests.video_files import red_levels, write_video
+    paths = [write_video(tmp_path / 'v' / f'{i}.mp4', n_frames=12 + i) for i in range(3)]
+    first = VideoClipLoader(frame_table=FrameTable(tmp_path / 'frames'))
+    for p in paths:
+        first(p, [0])
+    assert first.stats['scanned'] == 3 and 'stored' not in first.stats
+    first.frame_table.flush()
+    second = VideoClipLoader(frame_table=FrameTable(tmp_path / 'frames'))
+    assert red_levels(second(paths[2], [13, 0, 7])) == [13, 0, 7]
+    for p in paths[:2]:
+        second(p, [1])
+    assert second.stats.get('scanned', 0) == 0 and second.stats['stored'] == 3
+    # one video replaced by a longer one: its stored index no longer applies
+    write_video(paths[1], n_frames=30)
+    third = VideoClipLoader(frame_table=FrameTable(tmp_path / 'frames'))
+    assert red_levels(third(paths[1], [25, 29])) == [25, 29]
+    third(paths[0], [0])
+    assert third.stats['scanned'] == 1 and third.stats['stored'] == 1
+
+
+def test_segments_are_merged_newest_first_and_damaged_ones_ignored(four_videos, tmp_path):
+    from datasets.video_index import COMPACT_ABOVE, FrameTable
+    for i in range(COMPACT_ABOVE + 2):  # one segment per "worker"
+        table = FrameTable(tmp_path)
+        path = four_videos[i % len(four_videos)]
+        table.add(table.get(str(path))[1], scanned_index(path))
+        table.flush()
+    (tmp_path / 'frames_99999999999999999999_damaged.npy').write_bytes(b'garbage')
+    assert len(FrameTable(tmp_path)) == COMPACT_ABOVE + 2  # the damaged one maps to nothing
+    FrameTable(tmp_path).compact()
+    assert len(list(tmp_path.glob('frames_*.npy'))) == 1
+    merged = FrameTable(tmp_path)
+    assert len(merged) == len(four_videos)
+    for path in four_videos:
+        assert same_index(merged.get(str(path))[0], scanned_index(path))

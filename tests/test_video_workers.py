@@ -14,8 +14,9 @@ def n_threads() -> int:
 
 
 class ClipsOf(Dataset):
-    """Item i: a clip of video i, and what the worker looked like after it:
-    (its thread count before the first clip, after this clip, the loader's stats)."""
+    """Item i: a clip of video i, and what the worker looked like after it: (its
+    thread count before the first clip, after this clip, whether the clip's video was
+    demuxed to build its frame index)."""
 
     def __init__(self, paths, loader):
         self.paths, self.loader, self.first = paths, loader, None
@@ -26,8 +27,9 @@ class ClipsOf(Dataset):
     def __getitem__(self, i):
         if self.first is None:
             self.first = n_threads()
+        scanned = self.loader.stats.get('scanned', 0)
         clip = self.loader(self.paths[i], list(range(4)))
-        return clip.shape[0], self.first, n_threads(), dict(self.loader.stats)
+        return clip.shape[0], self.first, n_threads(), self.loader.stats.get('scanned', 0) - scanned
 
 
 def videos(folder, n, suffix='.mp4'):
@@ -55,3 +57,17 @@ def test_one_thread_decodes_the_frames_of_ffmpegs_count(tmp_path):
     worker(path, [0])
     assert worker._get(str(path)).stream.codec_context.thread_count == 1
     assert torch.equal(worker(path, [0, 1]), loader(path, [0, 1]))
+
+
+def test_frame_indexes_are_kept_across_epochs_of_re_forked_workers(tmp_path):
+    """Workers are not persistent (a new pair every epoch): the first epoch's workers
+    demux each video once and write the indexes when they exit, the second epoch's
+    map them and demux nothing."""
+    from datasets.video_index import FrameTable
+    paths = videos(tmp_path, 6)
+    loader = VideoClipLoader(frame_table=FrameTable(tmp_path / 'frames'))
+    data = DataLoader(ClipsOf(paths, loader), batch_size=None, num_workers=2)
+    first, second = list(data), list(data)
+    assert sum(item[3] for item in first) == 6
+    assert sum(item[3] for item in second) == 0
+    assert len(FrameTable(tmp_path / 'frames')) == 6
