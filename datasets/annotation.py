@@ -154,8 +154,8 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
     """Records of ``subset`` ('training' | 'validation' | 'testing') and the class names.
 
     Paths: ``<video_path>/<label>/<video_id>`` (jpg), ``...<video_id>.hdf5``
-    (hdf5) or ``...<video_id>.mp4`` / ``.avi`` / ``.webm`` / ``.mkv`` (video: the
-    first that exists); entries without a label (test set) live under
+    (hdf5) or ``...<video_id>.mp4`` / ``.avi`` / ... (video: the first of
+    datasets.video.VIDEO_EXTENSIONS that exists, in any case); entries without a label (test set) live under
     ``<video_path>/test/``; an entry's ``video_path`` key overrides (relative to
     ``video_path`` unless absolute).  ActivityNet: ``<video_path>/v_<video_id>``.
 
@@ -254,13 +254,13 @@ def _suffixer(file_type: str):
         names: dict[str, str] = {}
         try:
             entries = sorted(os.listdir(folder),
-                             key=lambda n: rank.get(os.path.splitext(n)[1], len(rank)))
+                             key=lambda n: rank.get(os.path.splitext(n)[1].lower(), len(rank)))
         except OSError:
             return names
         for name in entries:
             stem, ext = os.path.splitext(name)
-            if ext in rank:
-                names.setdefault(stem, name)  # .mp4 before .avi before ...
+            if ext.lower() in rank:
+                names.setdefault(stem, name)  # .mp4 before .avi before ... (any case)
         return names
 
     def video_file(folder: Path, video_id: str) -> Path:

@@ -191,6 +191,9 @@ def test_train_validate_infer_from_video_files(synthetic_videos, tmp_path):
     assert len(val_log) == 2  # header + epoch 1
     cached = sorted(p.name.split('_')[1] for p in (result / 'data_index').glob('*.npz'))
     assert cached == ['training', 'validation']
+    # every video's frame index, written by the loader workers (datasets/video_index.py)
+    from datasets.video_index import FrameTable
+    assert len(FrameTable(result / 'data_index' / 'frames')) >= 24
 
 
 def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
@@ -208,3 +211,40 @@ def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
                                         r'could not be decoded'):
         VideoClipLoader()(video40, list(range(33, 39)))
     assert red_levels(VideoClipLoader()(video40, [30, 34])) == [30, 34]
+
+
+def test_every_accepted_container_is_found_by_its_stem_and_trains(tiny_synthetic, tmp_path):
+    """One list of extensions for the annotation builders and the loader: a tree of
+    .avi, .mov, .mkv and .MP4 videos -> ucf101_json -> --file_type video finds each
+    file by its stem and trains.  (Before, the builder found 30 of the 36 videos,
+    not the .MP4 ones, and the loader looked for the .mov ones as .mp4: missing.)"""
+    import json
+
+    import main
+    from datasets.annotation import load_annotations
+    from tests.conftest import tiny_args
+    from tests.video_files import videos_from_jpgs
+    from util_scripts import ucf101_json
+    jpg, annotation = tiny_synthetic
+    root = tmp_path / 'videos'
+    videos_from_jpgs(jpg, root, '.avi', other_ext={'grow': '.mov', 'shrink': '.mkv',
+                                                     'move_up': '.MP4'})
+    database = json.loads(annotation.read_text())
+    labels = database['labels']
+    splits = tmp_path / 'splits'
+    splits.mkdir()
+    (splits / 'classInd.txt').write_text(''.join(f'{i + 1} {n}\n' for i, n in enumerate(labels)))
+    for subset, name in (('training', 'trainlist01.txt'), ('validation', 'testlist01.txt')):
+        (splits / name).write_text(''.join(
+            f"{v['annotations']['label']}/{vid}.avi\n" for vid, v in database['database'].items()
+            if v['subset'] == subset))
+    ucf101_json.main([str(splits), str(root), str(tmp_path / 'ann')])
+    built = tmp_path / 'ann' / 'ucf101_01.json'
+    entries = json.loads(built.read_text())['database']
+    assert len(entries) == 36 and all('segment' in e['annotations'] for e in entries.values())
+    records, _ = load_annotations(built, 'training', root, 'ucf101', file_type='video')
+    suffixes = {r.path.rsplit('.', 1)[1] for r in records}
+    assert suffixes == {'avi', 'mov', 'mkv', 'MP4'}
+    result = tmp_path / 'r'
+    main.main(tiny_args(root, built, result, '--file_type', 'video', '--n_epochs', '1'))
+    assert len((result / 'val.log').read_text().splitlines()) == 2

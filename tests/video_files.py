@@ -3,7 +3,8 @@ from pathlib import Path
 
 import numpy as np
 
-CODECS = {'.mp4': 'libx264', '.avi': 'mpeg4', '.mkv': 'libx264', '.webm': 'libvpx'}
+CODECS = {'.mp4': 'libx264', '.avi': 'mpeg4', '.mkv': 'libx264', '.webm': 'libvpx',
+          '.mov': 'libx264'}
 
 
 def frame_image(i: int, width: int, height: int) -> np.ndarray:
@@ -30,7 +31,7 @@ def write_video(path, n_frames: int = 12, width: int = 32, height: int = 24, fps
     import av
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    codec = CODECS[path.suffix]
+    codec = CODECS[path.suffix.lower()]
     with av.open(str(path), 'w') as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, 'yuv420p'

@@ -16,9 +16,8 @@ from datasets.annotation import hdf5_frame_count
 from datasets.video import VIDEO_EXTENSIONS, count_frames, iter_frames
 from utils.errors import DataError
 
-# Containers PyAV (FFmpeg's libraries) reads that show up in the supported datasets' archives.
-VIDEO_EXTS = {'.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv',
-              '.mpg', '.mpeg', '.3gp', '.wmv', '.ogv'}
+# The containers --file_type video reads (one list for the builders and the loader).
+VIDEO_EXTS = set(VIDEO_EXTENSIONS)
 
 # ActivityNet keeps its videos in one flat folder, the others per class.
 DATASETS = ('kinetics', 'mit', 'ucf101', 'hmdb51', 'activitynet')
@@ -169,11 +168,20 @@ VIDEO_TYPES = ('jpg', 'hdf5', 'video')
 
 
 def find_video_file(base):
-    """base + the first of VIDEO_EXTS that exists (.mp4, .avi, ...), or None."""
-    for ext in VIDEO_EXTENSIONS + tuple(sorted(set(VIDEO_EXTS) - set(VIDEO_EXTENSIONS))):
+    """base + the first of VIDEO_EXTENSIONS that exists (.mp4, .avi, ...; in any
+    case, as the loader finds it), or None."""
+    for ext in VIDEO_EXTENSIONS:
         if os.path.isfile(base + ext):
             return base + ext
-    return None
+    folder, stem = os.path.split(base)
+    try:
+        names = [n for n in os.listdir(folder or '.') if os.path.splitext(n)[0] == stem]
+    except OSError:
+        return None
+    found = [n for n in names if os.path.splitext(n)[1].lower() in VIDEO_EXTS]
+    rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
+    found.sort(key=lambda n: rank[os.path.splitext(n)[1].lower()])
+    return os.path.join(folder, found[0]) if found else None
 
 
 def video_file_segment(path):
