@@ -167,3 +167,22 @@ def test_splits_from_ucf_style_lists(mp4_tree, tmp_path, capsys):
     assert '5 video(s) on disk but in neither list, left out' in err
     with pytest.raises(SystemExit, match='trainlist02.txt'):
         folder_json.main([str(mp4_tree), str(out), '--splits', str(lists), '--split', '2'])
+
+
+def test_upper_case_extensions(tmp_path, capsys):
+    """Phones and cameras write IMG_0001.MP4, clip.MOV: found as .mp4 and .mov are (before:
+    'holds no video' for a tree of them), the loader's order deciding between files of
+    one name (.mp4 before .avi in any case), and read by the training loader."""
+    from datasets.video import VideoClipLoader
+    root = tmp_path / 'phones'
+    for name in ('wave/IMG_0001.MP4', 'wave/clip.MOV', 'clap/c.AVI', 'clap/c.Mp4'):
+        write_video(root / name, n_frames=5)
+    out = tmp_path / 'a.json'
+    folder_json.main([str(root), str(out), '--val_fraction', '0'])
+    assert sorted(read_json(out)['database']) == ['IMG_0001', 'c', 'clip']
+    assert 'clap/c.AVI' in capsys.readouterr().err  # the .Mp4 of that name is taken
+    records = load_annotations(out, 'training', root, 'kinetics', file_type='video')[0]
+    assert sorted(str(Path(r.path).relative_to(root)) for r in records) == [
+        'clap/c.Mp4', 'wave/IMG_0001.MP4', 'wave/clip.MOV']
+    loader = VideoClipLoader(threads=1)
+    assert all(loader(r.path, [0, 4]).shape[0] == 2 for r in records)

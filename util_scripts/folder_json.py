@@ -57,9 +57,10 @@ def _kind_of(entry, extensions):
         has_frames = any(p.name.startswith('image_') and p.name.endswith('.jpg')
                          for p in entry.iterdir())
         return 'jpg' if has_frames else None
-    if entry.suffix == '.hdf5':
+    suffix = entry.suffix.lower()  # IMG_0001.MP4, as phones name them
+    if suffix == '.hdf5':
         return 'hdf5'
-    return 'video' if entry.suffix in extensions else None
+    return 'video' if suffix in extensions else None
 
 
 def scan_tree(root):
@@ -73,7 +74,8 @@ def scan_tree(root):
     for folder in classes:
         # the loader's order (.mp4 before .avi ...) decides between same-named files
         entries = sorted(folder.iterdir(), key=lambda p: (
-            extensions.index(p.suffix) if p.suffix in extensions else -1, p.name))
+            extensions.index(p.suffix.lower()) if p.suffix.lower() in extensions else -1,
+            p.name))
         for entry in entries:
             if entry.name.startswith('.'):  # also macOS '._x.mp4' resource forks
                 continue
