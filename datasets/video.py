@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -506,6 +507,28 @@ def _loop_pad(positions: list[int], n_frames: int) -> list[int]:
     return [p if p < n_frames else present[next(missing) % len(present)] for p in positions]
 
 
+# Decoders and scalers a forked process inherits must never be freed there: freeing
+# one whose parent ran it with threads waits for those threads, which the child does
+# not have (a DataLoader worker hung so when the main process had decoded before
+# forking it).  A child keeps them, unused, for its lifetime.
+_LOADERS: weakref.WeakSet = weakref.WeakSet()
+_INHERITED: list = []
+
+
+def _keep_inherited(loader) -> None:
+    if loader._open or loader._convert is not None:
+        _INHERITED.append((loader._open, loader._convert))
+    loader._open, loader._convert, loader._pid = OrderedDict(), None, None
+
+
+def _after_fork_in_child() -> None:
+    for loader in list(_LOADERS):  # also loaders that are garbage not yet collected
+        _keep_inherited(loader)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class VideoClipLoader:
     """``loader(video_file, positions) -> uint8 (T, C, H, W)``: the ``--file_type
     video`` loader.  Every frame it returns is the frame asked for (position p is
@@ -541,6 +564,7 @@ class VideoClipLoader:
         self._pid = None
         self.stats: dict = {}  # 'decoded': frames decoded so far in this process
         self._convert = None
+        _LOADERS.add(self)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -548,6 +572,10 @@ class VideoClipLoader:
         state['_pid'] = None
         state['_convert'] = None
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _LOADERS.add(self)
 
     def close(self):
         for video in self._open.values():
@@ -561,8 +589,8 @@ class VideoClipLoader:
 
     def _get(self, path: str) -> _OpenVideo:
         if self._pid != os.getpid():  # fresh process: never use a parent's handles
-            self._open, self._pid = OrderedDict(), os.getpid()
-            self._convert = _reformatter(self._threads())
+            _keep_inherited(self)
+            self._pid, self._convert = os.getpid(), _reformatter(self._threads())
         video = self._open.get(path)
         if video is not None:
             self._open.move_to_end(path)

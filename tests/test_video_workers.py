@@ -71,3 +71,16 @@ def test_frame_indexes_are_kept_across_epochs_of_re_forked_workers(tmp_path):
     assert sum(item[3] for item in first) == 6
     assert sum(item[3] for item in second) == 0
     assert len(FrameTable(tmp_path / 'frames')) == 6
+
+
+def test_workers_forked_after_the_main_process_decoded(tmp_path):
+    """The main process decodes with FFmpeg's threads, then forks workers that use the
+    same loader: a worker that freed the decoders it inherited waited forever for their
+    threads (the DataLoader's timeout before); it now keeps them, unused."""
+    paths = videos(tmp_path, 3)
+    loader = VideoClipLoader()
+    for p in paths:
+        loader(p, [0, 1])
+    data = DataLoader(ClipsOf(paths, loader), batch_size=None, num_workers=1, timeout=60)
+    assert [item[0] for item in data] == [4, 4, 4]
+    assert torch.equal(loader(paths[0], [2]), VideoClipLoader(threads=1)(paths[0], [2]))
