@@ -111,7 +111,7 @@ def build_parser():
          help='rgb (3 channels) or flow (2 channels, hdf5 only)')
     _add(g, '--accimage', action='store_true',
          help='Accepted for compatibility and ignored: frames are decoded with '
-              'torchvision.io (libjpeg-turbo), a whole clip at once')
+              'simplejpeg (libjpeg-turbo), a whole clip at once, at the scale the crop needs')
 
     g = p.add_argument_group('optimisation')
     _add(g, '--learning_rate', default=0.1, type=float,

@@ -40,12 +40,19 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
+from torchvision import tv_tensors
 from torchvision.io import decode_jpeg
 from torchvision.transforms import functional as TF
+from torchvision.transforms import v2
 
 from datasets.annotation import load_annotations
 from datasets.loader import Hdf5ClipLoader, JpgClipLoader
-from datasets.spatial_transforms import build_train_transform, get_mean_std
+from datasets.spatial_transforms import (
+    NormalizeToInput,
+    build_eval_transform,
+    build_train_transform,
+    get_mean_std,
+)
 from datasets.temporal_transforms import TemporalRandomCrop
 from datasets.video import VideoClipLoader
 from datasets.video_index import load_record_table
@@ -187,8 +194,8 @@ def format_rows(paths, n_clips, n_frames, rounds=5):
 
     runs = {
         'a': (lambda p, pos: predecessor_clip(p, pos, mean, std), 'jpg'),
-        'b': (lambda p, pos: transform(jpg(str(p), pos)), 'jpg'),
-        'c': (lambda p, pos: transform(hdf5(str(p), pos)), 'hdf5'),
+        'b': (lambda p, pos: planned_clip(jpg, transform, p, pos), 'jpg'),
+        'c': (lambda p, pos: planned_clip(hdf5, transform, p, pos), 'hdf5'),
         'd': (ours_video, 'mp4'),
         'e': (ours_video, 'avi'),
         'd16': (ours_video, 'mp4_g16'),
@@ -235,6 +242,86 @@ def print_format_table(rates, sizes, n_videos, n_frames):
         label = row if row in 'abcdef' else ('g' if row.startswith('g') else '')
         print(f'| {f"({label})" if label else ""} | {name} | {rates[row]:.1f} | '
               f'{rates[row] / rates["a"]:.2f}x | {vs_limit} | {alone} | {sizes[fmt]:.1f} |')
+
+
+def planned_clip(loader, transform, path, positions):
+    """What VideoClipDataset does with a JPEG loader: read the bytes, plan the crop
+    from the header's frame size, decode at the plan's reduction, augment, normalize."""
+    encoded = loader.read(str(path), positions)
+    plan = transform.plan(encoded.frame_size)
+    factor = plan.reduction(encoded.factors)
+    return transform.finish(transform.augment(encoded.decode(factor), plan, factor))
+
+
+def todays_decode(data):
+    """The data path before simplejpeg: torchvision's batched decode_jpeg of the
+    clip's frames at full size, stacked channels-last (datasets/loader.py until then)."""
+    frames = decode_jpeg([torch.from_numpy(d) if isinstance(d, np.ndarray)  # hdf5 elements
+                          else torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data])
+    return torch.stack([f.permute(1, 2, 0) for f in frames]).permute(0, 3, 1, 2)
+
+
+def todays_transforms(size, mean, std):
+    """The v2 pipelines before the crop was planned: full-size clips in, the
+    crop/resize as the pipeline's first step (datasets/spatial_transforms.py until then)."""
+    finish = NormalizeToInput(mean, std)
+    train = v2.Compose([v2.RandomResizedCrop(size, scale=(0.25, 1.0), ratio=(0.75, 1 / 0.75),
+                                             antialias=True), v2.RandomHorizontalFlip(0.5)])
+    val = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
+    return {name: (lambda clip, t=t: finish(t(tv_tensors.Video(clip)).as_subclass(torch.Tensor)))
+            for name, t in (('train', train), ('val', val))}
+
+
+def jpeg_rows(paths, n_clips, n_frames, rounds=5):
+    """{row: clips/s}: today's JPEG path (torchvision decode at full size + full-size
+    augmentation) against ours (simplejpeg, decoded at the plan's scale), for
+    training and evaluation transforms, jpg and hdf5, and the full-frame decode limits."""
+    mean, std = get_mean_std(1)
+    today = todays_transforms(112, mean, std)
+    ours = {'train': build_train_transform(112, mean=mean, std=std),
+            'val': build_eval_transform(112, mean=mean, std=std)}
+    jpg, hdf5 = JpgClipLoader(), Hdf5ClipLoader()
+
+    def bytes_of(loader, path, positions):
+        return loader.read(str(path), positions).planes[0]
+
+    def sj_full(loader, path, positions):
+        return loader.read(str(path), positions).decode(1)
+    runs = {}
+    for fmt, loader in (('jpg', jpg), ('hdf5', hdf5)):
+        for kind in ('train', 'val'):
+            runs[f'{fmt}_{kind}_today'] = (
+                lambda p, pos, ld=loader, k=kind: today[k](todays_decode(bytes_of(ld, p, pos))), fmt)
+            runs[f'{fmt}_{kind}_ours'] = (
+                lambda p, pos, ld=loader, k=kind: planned_clip(ld, ours[k], p, pos), fmt)
+        runs[f'{fmt}_limit_tv'] = (lambda p, pos, ld=loader: todays_decode(bytes_of(ld, p, pos)),
+                                   fmt)
+        runs[f'{fmt}_limit_sj'] = (lambda p, pos, ld=loader: sj_full(ld, p, pos), fmt)
+    best = dict.fromkeys(runs, 0.0)
+    for k in range(rounds):  # interleaved rounds, best of each row (other load hits all alike)
+        for row, (fn, fmt) in runs.items():
+            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
+            best[row] = max(best[row], rate)
+    return best
+
+
+def print_jpeg_table(rates, n_videos, n_frames):
+    print(f'\nJPEG frames (jpg folders, hdf5), {n_videos} videos of {n_frames} frames, 320x240; '
+          f'16-frame clips -> 3x16x112x112, one process, one thread (clips/s). today: '
+          f'torchvision decode_jpeg at full size + full-size augmentation; ours: simplejpeg '
+          f'at the scale the crop needs. train: random resized crop + flip; val: short side '
+          f'to 112 + center crop. limits: read + decode the 16 full frames')
+    print('| format | transform | today | ours | ours / today | ours / limit (torchvision) '
+          '| ours / limit (simplejpeg) |')
+    print('|---|---|---:|---:|---:|---:|---:|')
+    for fmt in ('jpg', 'hdf5'):
+        tv, sj = rates[f'{fmt}_limit_tv'], rates[f'{fmt}_limit_sj']
+        for kind in ('train', 'val'):
+            a, b = rates[f'{fmt}_{kind}_today'], rates[f'{fmt}_{kind}_ours']
+            print(f'| {fmt} | {kind} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {b / tv:.2f}x '
+                  f'| {b / sj:.2f}x |')
+        print(f'| {fmt} | limit: decode 16 full frames | {tv:.1f} (torchvision) | {sj:.1f} '
+              f'(simplejpeg) | {sj / tv:.2f}x | | |')
 
 
 def worker_rows(root, workers, n_batches, batch=8):
@@ -355,18 +442,21 @@ def main(argv=None):
     p.add_argument('--workers', type=int, nargs='+', default=[1, 2])
     p.add_argument('--batches', type=int, default=8, help='batches per worker count')
     p.add_argument('--index_entries', type=int, default=650_000)
-    p.add_argument('--sections', nargs='+', default=['formats', 'workers', 'index'],
-                   choices=['formats', 'workers', 'index'])
+    p.add_argument('--sections', nargs='+', default=['formats', 'jpeg', 'workers', 'index'],
+                   choices=['formats', 'jpeg', 'workers', 'index'])
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        if {'formats', 'workers'} & set(args.sections):
+        if {'formats', 'jpeg', 'workers'} & set(args.sections):
             paths = prepare(root, args.videos, args.n_frames, (240, 320))
         if 'formats' in args.sections:
             rates = format_rows(paths, args.clips, args.n_frames)
             sizes = {fmt: disk_mb(root / fmt) for fmt in ('jpg', 'hdf5', *FORMATS)}
             print_format_table(rates, sizes, args.videos, args.n_frames)
+        if 'jpeg' in args.sections:
+            print_jpeg_table(jpeg_rows(paths, args.clips, args.n_frames), args.videos,
+                             args.n_frames)
         if 'workers' in args.sections:
             rates = worker_rows(root, args.workers, args.batches)
             print('\nDataLoader (batch 8, random 16-frame clips, crop to 112) feeding a model '

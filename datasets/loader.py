@@ -5,6 +5,15 @@ with 0-based frame ``positions`` (they may repeat, e.g. loop padding: each
 distinct frame is read and decoded once, then indexed).  A missing or corrupt
 frame raises :class:`~datasets.annotation.DataError` naming the file and the
 video; a clip is never silently shortened.
+
+The JPEG loaders (jpg folders, hdf5) also split a call in two:
+``loader.read(video, positions)`` reads the bytes and returns an
+:class:`EncodedClip`, whose ``frame_size`` comes from the first frame's header;
+``encoded.decode(factor)`` then decodes every frame at 1/factor of its size
+(1, 2, 4 or 8: libjpeg-turbo scales in the DCT domain, through simplejpeg), so
+a data set can let the spatial transform choose its crop before anything is
+decoded (datasets/videodataset.py).  At factor 1 the frames are bit-identical
+to ``torchvision.io.decode_jpeg``'s (tests/test_datasets.py).
 """
 from __future__ import annotations
 
@@ -12,19 +21,21 @@ import os
 from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
+import simplejpeg
 import torch
 
-# Batched libjpeg-turbo decoding (deprecated in torchvision 0.29 in favour of TorchCodec).
-from torchvision.io import ImageReadMode, decode_jpeg
-
 from datasets.annotation import frame_file_name
+from datasets.spatial_transforms import DCT_FACTORS
 from utils.errors import DataError
 
-__all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'make_loader']
+__all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'EncodedClip', 'make_loader',
+           'decode_frames']
 
 # What to do about the file, true wherever it is read (DataError: the caller
 # says what else can be done, e.g. leave the video out).
 _REEXTRACT = 're-extract the frames of this video (util_scripts generate_video_jpgs / generate_video_hdf5)'
+_CHANNELS = {'RGB': 3, 'GRAY': 1}
 
 
 def _unique(positions: Sequence[int]):
@@ -41,60 +52,123 @@ def _unique(positions: Sequence[int]):
     return uniq, torch.tensor([where[p] for p in positions], dtype=torch.long)
 
 
-def _decode(data: list[torch.Tensor], mode: ImageReadMode, names, video) -> torch.Tensor:
-    """Decode a list of JPEG byte tensors in one call and stack them: (T, C, H, W)
-    in channels-last memory."""
+def _corrupt(name: str, video: str, error: Exception) -> DataError:
+    return DataError(f'frame {name} of video {video} is corrupt (cannot decode JPEG: '
+                     f'{str(error).splitlines()[0] if str(error) else type(error).__name__}): '
+                     f'{_REEXTRACT}')
+
+
+def _header_size(data, name: str, video: str) -> tuple[int, int]:
+    """(height, width) from a JPEG header (no decoding)."""
     try:
-        frames = decode_jpeg(data, mode=mode)
-    except RuntimeError:
-        # find the culprit for the message
-        for d, name in zip(data, names):
-            try:
-                decode_jpeg(d, mode=mode)
-            except RuntimeError as e:
-                raise DataError(f'frame {name} of video {video} is corrupt (cannot decode JPEG: '
-                                f'{str(e).splitlines()[0]}): {_REEXTRACT}') from None
-        raise
-    try:
-        # decode_jpeg returns (C, H, W) views of (H, W, C) memory: stacking those
-        # as they lie is ~15x cheaper than a (C, H, W)-contiguous stack, and the
-        # resulting channels-last clip resizes ~2.5x faster on uint8.
-        return torch.stack([f.permute(1, 2, 0) for f in frames]).permute(0, 3, 1, 2)
-    except RuntimeError:
-        sizes = sorted({tuple(f.shape) for f in frames})
-        raise DataError(f'frames of video {video} have different sizes {sizes}: '
-                        f'{_REEXTRACT}') from None
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as e:
+        raise _corrupt(name, video, e) from None
+    return height, width
+
+
+def _scaled(size: tuple[int, int], factor: int) -> tuple[int, int]:
+    """libjpeg's output size at 1/factor: each side rounded up."""
+    return -(-size[0] // factor), -(-size[1] // factor)
+
+
+def _size_error(video: str, name: str, first: tuple[int, int], data) -> DataError:
+    got = _header_size(data, name, video)
+    return DataError(f'frames of video {video} have different sizes: {name} is '
+                     f'{got[0]}x{got[1]}, the first frame {first[0]}x{first[1]}: {_REEXTRACT}')
+
+
+def decode_frames(data: Sequence, names: Sequence[str], video: str, colorspace: str = 'RGB',
+                  factor: int = 1, size: tuple[int, int] | None = None) -> torch.Tensor:
+    """JPEG byte strings -> uint8 (T, H, W, C) at 1/factor of the frames' ``size``
+    (read from the first header if None), each frame decoded straight into its
+    slot of the clip (libjpeg-turbo's accurate DCT and fancy upsampling, as
+    torchvision's decoder: identical frames).  Corrupt frames and frames of
+    another size raise DataError naming the frame."""
+    size = size or _header_size(data[0], names[0], video)
+    height, width = _scaled(size, factor)
+    out = torch.empty((len(data), height, width, _CHANNELS[colorspace]), dtype=torch.uint8)
+    slots = out.numpy()
+    # min_factor keeps simplejpeg to exactly 1/factor (it would also pick 7/8, 3/4, ...)
+    scale = {} if factor == 1 else dict(min_factor=factor, min_height=height, min_width=width)
+    for slot, frame, name in zip(slots, data, names):
+        try:
+            got = simplejpeg.decode_jpeg(frame, colorspace=colorspace, buffer=slot, **scale)
+        except ValueError as e:  # corrupt, or larger than the first frame (buffer too small)
+            if 'buffer is too small' in str(e):
+                raise _size_error(video, name, size, frame) from None
+            raise _corrupt(name, video, e) from None
+        if got.shape != slot.shape:
+            raise _size_error(video, name, size, frame)
+    return out
+
+
+class EncodedClip:
+    """The JPEG bytes of a clip's distinct frames, read but not decoded.
+
+    ``planes``: one list of frames per plane (RGB: one; flow: u and v, each
+    grayscale), ``names`` the same shape (for messages).  ``frame_size`` is the
+    first frame's (height, width) from its header; :meth:`decode` decodes every
+    plane at 1/factor and stacks them along the channels -> uint8 (T, C, h, w)
+    in channels-last memory (indexed back to the requested positions)."""
+
+    factors = DCT_FACTORS
+
+    def __init__(self, planes, names, video: str, colorspace: str = 'RGB', index=None):
+        self.planes, self.names, self.video = planes, names, video
+        self.colorspace, self.index = colorspace, index
+        self._size = None
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        if self._size is None:
+            self._size = _header_size(self.planes[0][0], self.names[0][0], self.video)
+        return self._size
+
+    def decode(self, factor: int = 1) -> torch.Tensor:
+        if factor != 1 and factor not in self.factors:
+            raise ValueError(f'JPEG frames decode at 1/1, 1/2, 1/4 or 1/8, not 1/{factor}')
+        size = self.frame_size
+        planes = [decode_frames(data, names, self.video, self.colorspace, factor, size)
+                  for data, names in zip(self.planes, self.names)]
+        frames = planes[0] if len(planes) == 1 else torch.cat(planes, dim=-1)
+        # (T, H, W, C) memory seen as (T, C, H, W): channels-last, which the uint8
+        # resize takes ~2.5x faster than a (C, H, W)-contiguous clip
+        clip = frames.permute(0, 3, 1, 2)
+        return clip if self.index is None else clip[self.index]
 
 
 class JpgClipLoader:
-    """Frames ``<video_dir>/image_{p+1:05d}.jpg``; decodes RGB (or grayscale)."""
+    """Frames ``<video_dir>/image_{p+1:05d}.jpg``; decodes RGB (or ``colorspace='GRAY'``)."""
 
-    def __init__(self, mode: ImageReadMode = ImageReadMode.RGB):
-        self.mode = mode
+    def __init__(self, colorspace: str = 'RGB'):
+        if colorspace not in _CHANNELS:
+            raise ValueError(f'colorspace must be one of {sorted(_CHANNELS)}, got {colorspace!r}')
+        self.colorspace = colorspace
 
-    def __call__(self, video_dir, positions: Sequence[int]) -> torch.Tensor:
+    def read(self, video_dir, positions: Sequence[int]) -> EncodedClip:
         video_dir = os.fspath(video_dir)
         uniq, index = _unique(positions)
-        names = [frame_file_name(p) for p in uniq]
+        paths = [os.path.join(video_dir, frame_file_name(p)) for p in uniq]
         data = []
-        for name in names:
-            path = os.path.join(video_dir, name)
+        for path in paths:
             try:
                 with open(path, 'rb') as f:
-                    data.append(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8))
+                    data.append(f.read())
             except OSError:
                 if not os.path.isdir(video_dir):
-                    raise DataError(f'video folder {video_dir} not found (needed frame {name}): '
-                                    f'check --video_path, or {_REEXTRACT}') from None
+                    raise DataError(f'video folder {video_dir} not found (needed frame '
+                                    f'{os.path.basename(path)}): check --video_path, or '
+                                    f'{_REEXTRACT}') from None
                 raise DataError(f'frame file {path} of video {video_dir} is missing or '
                                 f'unreadable: {_REEXTRACT}') from None
-            except ValueError:  # empty file: frombuffer refuses a zero-length buffer
-                data.append(torch.empty(0, dtype=torch.uint8))
-            if data[-1].numel() == 0:
+            if not data[-1]:
                 raise DataError(f'frame file {path} of video {video_dir} is empty: '
                                 f'{_REEXTRACT}')
-        clip = _decode(data, self.mode, [os.path.join(video_dir, n) for n in names], video_dir)
-        return clip if index is None else clip[index]
+        return EncodedClip([data], [paths], video_dir, self.colorspace, index)
+
+    def __call__(self, video_dir, positions: Sequence[int]) -> torch.Tensor:
+        return self.read(video_dir, positions).decode()
 
 
 class Hdf5ClipLoader:
@@ -106,7 +180,7 @@ class Hdf5ClipLoader:
     shared between processes.
     """
     keys: tuple[str, ...] = ('video',)
-    mode = ImageReadMode.RGB
+    colorspace = 'RGB'
 
     def __init__(self, max_open: int = 64):
         self.max_open = max_open
@@ -150,7 +224,7 @@ class Hdf5ClipLoader:
             old.close()
         return f
 
-    def _read(self, f, path: str, key: str, uniq: list[int]) -> list[torch.Tensor]:
+    def _read(self, f, path: str, key: str, uniq: list[int]) -> list[np.ndarray]:
         try:
             ds = f[key]
         except KeyError:
@@ -161,42 +235,29 @@ class Hdf5ClipLoader:
                             f'(0-based) was requested: {_REEXTRACT} or fix its segment')
         try:
             if uniq[-1] - uniq[0] + 1 == len(uniq):  # contiguous: one slice read
-                elems = ds[uniq[0]:uniq[-1] + 1]
-            else:  # one sorted fancy-index read
-                elems = ds[uniq]
+                return list(ds[uniq[0]:uniq[-1] + 1])
+            return list(ds[uniq])  # one sorted fancy-index read
         except OSError as e:
             raise DataError(f'hdf5 video {path}: reading frames failed ({e}): '
                             f'{_REEXTRACT}') from None
-        return [torch.from_numpy(e) for e in elems]
 
-    def _load(self, path: str, uniq: list[int]) -> torch.Tensor:
-        f = self._open(path)
-        data = self._read(f, path, self.keys[0], uniq)
-        return _decode(data, self.mode, [f'{path}[{self.keys[0]}][{p}]' for p in uniq], path)
-
-    def __call__(self, video_path, positions: Sequence[int]) -> torch.Tensor:
+    def read(self, video_path, positions: Sequence[int]) -> EncodedClip:
         path = os.fspath(video_path)
         uniq, index = _unique(positions)
-        clip = self._load(path, uniq)
-        return clip if index is None else clip[index]
+        f = self._open(path)
+        planes = [self._read(f, path, key, uniq) for key in self.keys]
+        names = [[f'{path}[{key}][{p}]' for p in uniq] for key in self.keys]
+        return EncodedClip(planes, names, path, self.colorspace, index)
+
+    def __call__(self, video_path, positions: Sequence[int]) -> torch.Tensor:
+        return self.read(video_path, positions).decode()
 
 
 class Hdf5FlowLoader(Hdf5ClipLoader):
     """Optical flow in hdf5: datasets ``video_u`` and ``video_v`` (grayscale
     JPEGs) -> uint8 (T, 2, H, W)."""
     keys = ('video_u', 'video_v')
-    mode = ImageReadMode.GRAY
-
-    def _load(self, path: str, uniq: list[int]) -> torch.Tensor:
-        f = self._open(path)
-        planes = []
-        for key in self.keys:
-            data = self._read(f, path, key, uniq)
-            planes.append(_decode(data, self.mode, [f'{path}[{key}][{p}]' for p in uniq], path))
-        if planes[0].shape != planes[1].shape:
-            raise DataError(f'hdf5 video {path}: video_u and video_v frames differ in size: '
-                            f'{_REEXTRACT}')
-        return torch.cat(planes, dim=1)
+    colorspace = 'GRAY'
 
 
 def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int | None = None):

@@ -9,6 +9,16 @@ worker by PyTorch).  The last step converts to float32, scales to
 ``[0, value_scale]``, normalizes and permutes to (C, T, H, W), the network's
 input layout.
 
+The first, geometric step (crop box and resize) is decided from the frame size
+alone, before anything is decoded: :meth:`ClipTransform.plan` returns a
+:class:`ClipPlan` (the box and the size it is resized to), from which a loader
+that can decode JPEGs at 1/2, 1/4 or 1/8 of their size picks the largest
+reduction that still leaves the box at least the output size
+(:meth:`ClipPlan.reduction`); ``augment(frames, plan, factor)`` then crops and
+resizes the reduced frames.  The plan draws the same random numbers, in the
+same order, as the crop step did inside the v2 pipeline, so a clip decoded at
+full size is augmented exactly as before.
+
 Mean/std convention: :func:`get_mean_std` and the ``mean``/``std`` arguments
 of the builders are in the [0, 1] pixel scale; the builders multiply both by
 ``value_scale``.  So ``build_*(mean=m, std=s, value_scale=v)`` computes
@@ -16,7 +26,7 @@ of the builders are in the [0, 1] pixel scale; the builders multiply both by
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from torchvision import tv_tensors
@@ -25,7 +35,8 @@ from torchvision.transforms.v2 import functional as F
 
 __all__ = ['get_mean_std', 'build_train_transform', 'build_eval_transform', 'ClipTransform',
            'NormalizeToInput', 'MultiScaleCornerCrop', 'MEAN_STD', 'ThreeCropTransform',
-           'three_crop_boxes', 'EVAL_CROPS']
+           'three_crop_boxes', 'EVAL_CROPS', 'ClipPlan', 'ShortSideResize', 'RandomBox',
+           'resized_size', 'DCT_FACTORS']
 
 MEAN_STD = {
     'kinetics': ([0.4345, 0.4051, 0.3775], [0.2768, 0.2713, 0.2737]),
@@ -135,24 +146,126 @@ class MultiScaleCornerCrop(v2.Transform):
                                  antialias=self.antialias)
 
 
+DCT_FACTORS = (2, 4, 8)  # the reductions libjpeg decodes fastest (in the DCT domain)
+
+
+class ClipPlan(NamedTuple):
+    """The geometric step of a clip's augmentation, decided from the frame size
+    before anything is decoded: ``box`` (top, left, height, width) of frames of
+    ``frame`` size (height, width) as stored is resized to ``size`` (height, width)."""
+    frame: tuple[int, int]
+    box: tuple[int, int, int, int]
+    size: tuple[int, int]
+
+    def reduction(self, factors: Sequence[int] = DCT_FACTORS) -> int:
+        """The largest of ``factors`` f at which the box still has at least ``size``
+        pixels each way, so that decoding at 1/f upsamples nothing that full-size
+        decoding would not; 1 if there is none."""
+        _, _, height, width = self.box
+        fits = [f for f in factors if height >= f * self.size[0] and width >= f * self.size[1]]
+        return max(fits, default=1)
+
+    def box_at(self, factor: int) -> tuple[int, int, int, int]:
+        """The box in frames decoded at 1/factor (libjpeg's size, ceil(n / factor)):
+        each edge at the nearest reduced pixel, so it keeps at least
+        ``floor(height / factor)`` x ``floor(width / factor)`` pixels."""
+        if factor == 1:
+            return self.box
+        top, left, height, width = self.box
+
+        def edge(x):  # rounded half up
+            return (x + factor // 2) // factor
+        return edge(top), edge(left), edge(top + height) - edge(top), edge(left + width) - edge(left)
+
+
+def resized_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """(height, width) after ``v2.Resize(size)``: the short side becomes ``size``,
+    the long one ``int(size * long / short)``."""
+    if width <= height:
+        return int(size * height / width), size
+    return size, int(size * width / height)
+
+
+def _shape_only(height: int, width: int) -> torch.Tensor:
+    """A tensor of shape (height, width) with no memory behind it: what a v2
+    transform's ``make_params`` needs to draw a box for frames of that size."""
+    return torch.empty((), dtype=torch.uint8).expand(height, width)
+
+
+class _Geometry:
+    """Crop ``plan.box`` (taken at the decoding factor) and resize it to
+    ``plan.size``: bilinear with antialiasing, on the whole uint8 clip."""
+
+    def __call__(self, clip: torch.Tensor, plan: ClipPlan, factor: int = 1) -> torch.Tensor:
+        top, left, height, width = plan.box_at(factor)
+        return F.resized_crop(clip, top, left, height, width, list(plan.size), antialias=True)
+
+
+class ShortSideResize(_Geometry):
+    """The short side resized to ``size`` (as ``v2.Resize(size)``), the whole frame kept."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+
+    def plan(self, height: int, width: int) -> ClipPlan:
+        return ClipPlan((height, width), (0, 0, height, width),
+                        resized_size(height, width, self.size))
+
+    def __repr__(self):
+        return f'ShortSideResize({self.size})'
+
+
+class RandomBox(_Geometry):
+    """A v2 crop-and-resize transform (RandomResizedCrop, MultiScaleCornerCrop)
+    whose box is drawn by its own ``make_params`` from the frame size alone --
+    the same draws, in the same order, as when it runs inside a v2 pipeline."""
+
+    def __init__(self, crop: v2.Transform):
+        self.crop = crop
+
+    def plan(self, height: int, width: int) -> ClipPlan:
+        p = self.crop.make_params([_shape_only(height, width)])
+        return ClipPlan((height, width), (p['top'], p['left'], p['height'], p['width']),
+                        tuple(self.crop.size))
+
+    def __repr__(self):
+        return f'RandomBox({self.crop})'
+
+
 class ClipTransform:
-    """``augment`` (uint8 -> uint8, whole clip, v2 transforms) then ``finish``
-    (-> normalized float (C, T, H, W)).  ``deterministic`` is True for eval
-    transforms: the data set may then augment the union of several clips'
-    frames once."""
+    """``geometry`` (crop box and resize, planned from the frame size), then
+    ``augment`` (the other uint8 -> uint8 steps on the whole clip, v2
+    transforms), then ``finish`` (-> normalized float (C, T, H, W)).
+    ``deterministic`` is True for eval transforms: the data set may then
+    augment the union of several clips' frames once."""
 
     def __init__(self, augment: v2.Transform | None, finish: NormalizeToInput,
-                 deterministic: bool):
+                 deterministic: bool, geometry: _Geometry | None = None):
+        self.geometry = geometry
         self.augment_transform = augment
         self.finish = finish
         self.deterministic = deterministic
 
-    def augment(self, clip: torch.Tensor) -> torch.Tensor:
-        """uint8 (T, C, H, W) -> uint8 (T, C, h, w), same parameters for every frame."""
-        if self.augment_transform is None:
-            return clip
-        out = self.augment_transform(tv_tensors.Video(clip))
-        return out.as_subclass(torch.Tensor)
+    def plan(self, frame_size: Sequence[int]) -> ClipPlan | None:
+        """The clip's geometric step for frames of ``frame_size`` (height, width);
+        draws the crop box's random numbers (None: no geometric step)."""
+        if self.geometry is None:
+            return None
+        return self.geometry.plan(int(frame_size[0]), int(frame_size[1]))
+
+    def augment(self, clip: torch.Tensor, plan: ClipPlan | None = None,
+                factor: int = 1) -> torch.Tensor:
+        """uint8 (T, C, H, W) -> uint8 (T, C, h, w), same parameters for every frame.
+        ``plan``: from :meth:`plan` on the stored frame size (drawn here if None);
+        ``factor``: the clip was decoded at 1/factor of that size."""
+        clip = tv_tensors.Video(clip)
+        if self.geometry is not None:
+            if plan is None:
+                plan = self.plan(clip.shape[-2:])
+            clip = self.geometry(clip, plan, factor)
+        if self.augment_transform is not None:
+            clip = self.augment_transform(clip)
+        return clip.as_subclass(torch.Tensor)
 
     def __call__(self, clip: torch.Tensor) -> torch.Tensor:
         return self.finish(self.augment(clip))
@@ -167,7 +280,8 @@ class ClipTransform:
         return normalizer
 
     def __repr__(self):
-        return f'ClipTransform(augment={self.augment_transform}, finish={self.finish})'
+        return (f'ClipTransform(geometry={self.geometry}, augment={self.augment_transform}, '
+                f'finish={self.finish})')
 
 
 class KeepUint8:
@@ -200,13 +314,15 @@ def build_train_transform(sample_size: int, train_crop: str = 'random', min_scal
         dmean, dstd = get_mean_std(value_scale)
         mean = dmean if mean is None else mean
         std = dstd if std is None else std
+    steps = []
     if train_crop == 'random':
-        steps = [v2.RandomResizedCrop(sample_size, scale=(min_scale, 1.0),
-                                      ratio=(min_ratio, 1.0 / min_ratio), antialias=True)]
+        geometry = RandomBox(v2.RandomResizedCrop(sample_size, scale=(min_scale, 1.0),
+                                                  ratio=(min_ratio, 1.0 / min_ratio),
+                                                  antialias=True))
     elif train_crop == 'corner':
-        steps = [MultiScaleCornerCrop(sample_size)]
+        geometry = RandomBox(MultiScaleCornerCrop(sample_size))
     elif train_crop == 'center':
-        steps = [v2.Resize(sample_size, antialias=True), v2.CenterCrop(sample_size)]
+        geometry, steps = ShortSideResize(sample_size), [v2.CenterCrop(sample_size)]
     else:
         raise ValueError(f"--train_crop must be random, corner or center, got {train_crop!r}")
     if hflip:
@@ -214,8 +330,9 @@ def build_train_transform(sample_size: int, train_crop: str = 'random', min_scal
     if colorjitter:
         steps.append(v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
     steps += clip_regularizers(randaugment, random_erasing, mean)
-    return ClipTransform(v2.Compose(steps), NormalizeToInput(mean, std, value_scale),
-                         deterministic=False)
+    return ClipTransform(v2.Compose(steps) if steps else None,
+                         NormalizeToInput(mean, std, value_scale), deterministic=False,
+                         geometry=geometry)
 
 
 def clip_regularizers(randaugment: Sequence[int] | None, random_erasing: float,
@@ -262,11 +379,12 @@ class ThreeCropTransform(ClipTransform):
     n_crops = 3
 
     def __init__(self, size: int, finish: NormalizeToInput):
-        super().__init__(v2.Resize(size, antialias=True), finish, deterministic=True)
+        super().__init__(None, finish, deterministic=True, geometry=ShortSideResize(size))
         self.size = int(size)
 
-    def augment(self, clip: torch.Tensor) -> torch.Tensor:
-        resized = super().augment(clip)
+    def augment(self, clip: torch.Tensor, plan: ClipPlan | None = None,
+                factor: int = 1) -> torch.Tensor:
+        resized = super().augment(clip, plan, factor)
         h, w = resized.shape[-2:]
         return torch.stack([resized[..., t:t + ch, lf:lf + cw]
                             for t, lf, ch, cw in three_crop_boxes(h, w, self.size)])
@@ -288,8 +406,7 @@ def build_eval_transform(sample_size: int, mean: Sequence[float] | None = None,
     finish = NormalizeToInput(mean, std, value_scale)
     if crop == 'three':
         return ThreeCropTransform(sample_size, finish)
-    steps = [v2.Resize(sample_size, antialias=True)]
-    if crop == 'center':
-        steps.append(v2.CenterCrop(sample_size))
-    return ClipTransform(v2.Compose(steps), finish, deterministic=True)
+    rest = v2.CenterCrop(sample_size) if crop == 'center' else None
+    return ClipTransform(rest, finish, deterministic=True,
+                         geometry=ShortSideResize(sample_size))
 

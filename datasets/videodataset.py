@@ -3,6 +3,12 @@
 An item decodes the union of the frame positions it needs once (one loader
 call), augments the decoded uint8 frames once (one set of random parameters
 per item) and only then indexes the clips out of it and converts to float.
+
+With a loader that can read a clip before decoding it (``loader.read``: the
+JPEG loaders) the spatial transform plans its crop from the frame size first
+and the frames are decoded at the largest reduction (1/2, 1/4, 1/8) that still
+gives the crop at least the output size (see datasets/spatial_transforms.py);
+the random draws are the same, in the same order, as with full-size decoding.
 """
 from __future__ import annotations
 
@@ -45,9 +51,10 @@ def collate(items):
     return bad if bad is not None else default_collate(items)
 
 
-def _load(loader, record: VideoRecord, positions: list[int]) -> torch.Tensor:
+def _guarded(record: VideoRecord, fn, *args):
+    """fn(*args), its errors as DataErrors that name the video."""
     try:
-        return loader(record.path, positions)
+        return fn(*args)
     except DataError as e:
         if record.video_id in str(e):
             raise
@@ -57,19 +64,41 @@ def _load(loader, record: VideoRecord, positions: list[int]) -> torch.Tensor:
                         f're-extract its frames') from e
 
 
+def _load(loader, record: VideoRecord, positions: list[int]) -> torch.Tensor:
+    return _guarded(record, loader, record.path, positions)
+
+
+def _one_draw(spatial, multi: bool) -> bool:
+    """Whether the item's frames get one augmentation draw (not one per clip)."""
+    return isinstance(spatial, ClipTransform) and (spatial.deterministic or not multi)
+
+
+def _decode(loader, record: VideoRecord, union: list[int], spatial, multi: bool):
+    """(frames of ``union`` uint8 (U, C, h, w), plan, factor): decoded at 1/factor
+    of their stored size for the spatial transform's plan of this item, when
+    the loader can read before decoding; else at full size (plan None, factor 1)."""
+    if not (_one_draw(spatial, multi) and hasattr(loader, 'read')):
+        return _load(loader, record, union), None, 1
+    encoded = _guarded(record, loader.read, record.path, union)
+    plan = spatial.plan(_guarded(record, lambda: encoded.frame_size))
+    factor = 1 if plan is None else plan.reduction(encoded.factors)
+    return _guarded(record, encoded.decode, factor), plan, factor
+
+
 def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],
-                spatial: Callable | None, multi: bool) -> torch.Tensor:
+                spatial: Callable | None, multi: bool, plan=None, factor: int = 1) -> torch.Tensor:
     """Cut ``clips`` (lists of positions) out of ``frames`` (decoded ``union``,
-    uint8 (U, C, H, W)) and transform them -> (C, T, H, W) or (N, C, T, H, W)."""
+    uint8 (U, C, H, W), at 1/factor for ``plan``) and transform them ->
+    (C, T, H, W) or (N, C, T, H, W)."""
     where = {p: i for i, p in enumerate(union)}
     flat = [where[p] for p in chain.from_iterable(clips)]
     n, t = len(clips), len(clips[0])
     identity = flat == list(range(len(union)))
     if getattr(spatial, 'n_crops', 1) > 1:
-        return _make_crops(frames, flat, n, spatial, multi)
-    if isinstance(spatial, ClipTransform) and (spatial.deterministic or not multi):
+        return _make_crops(frames, flat, n, spatial, multi, plan, factor)
+    if _one_draw(spatial, multi):
         # one augmentation draw for the item, applied to the distinct frames once
-        aug = spatial.augment(frames)
+        aug = spatial.augment(frames, plan, factor)
         sel = aug if identity else aug[torch.tensor(flat)]
         out = spatial.finish(sel.reshape(n, t, *sel.shape[1:]))  # (N, C, T, H, W)
         return out if multi else out[0]
@@ -81,10 +110,10 @@ def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence
     return torch.stack(per_clip) if multi else per_clip[0]
 
 
-def _make_crops(frames, flat, n, spatial, multi):
+def _make_crops(frames, flat, n, spatial, multi, plan, factor):
     """Several spatial views a clip (ThreeCropTransform): the distinct frames are
     resized once -> (K, U, C, h, w); -> (N, K, C, T, h, w) or (K, C, T, h, w)."""
-    aug = spatial.augment(frames)
+    aug = spatial.augment(frames, plan, factor)
     k = aug.shape[0]
     sel = aug[:, torch.tensor(flat)]  # (K, N * T, C, h, w)
     sel = sel.reshape(k, n, -1, *sel.shape[2:]).transpose(0, 1)
@@ -130,8 +159,9 @@ class VideoClipDataset(Dataset):
         multi = isinstance(sel[0], (list, tuple, range))
         clips = sel if multi else [sel]
         union = sorted(set(chain.from_iterable(clips)))
-        decoded = _load(self.loader, record, union)
-        return _make_clips(decoded, union, clips, self.spatial_transform, multi), record.label
+        decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform, multi)
+        return _make_clips(decoded, union, clips, self.spatial_transform, multi, plan, factor), \
+            record.label
 
 
 class VideoWindowDataset(Dataset):
@@ -202,8 +232,9 @@ class VideoWindowDataset(Dataset):
         sw = self.sliding_window
         positions = sw.window(record.positions, k)
         union = sorted(set(positions))
-        decoded = _load(self.loader, record, union)
-        clip = _make_clips(decoded, union, [positions], self.spatial_transform, False)
+        decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform, False)
+        clip = _make_clips(decoded, union, [positions], self.spatial_transform, False, plan,
+                           factor)
         start = sw.start(record.n_frames, k)
         end = min(start + sw.span, record.n_frames)
         first_number = record.segment[0]  # annotation's number of position first_frame
