@@ -3,7 +3,7 @@ loader throughput with N workers, and the annotation index at Kinetics scale.
 
     python -m bench.data_loading [--videos 8] [--n_frames 160] [--clips 60]
                                  [--workers 1 2] [--index_entries 650000]
-                                 [--sections formats workers index]
+                                 [--sections formats jpeg workers index]
 
 formats: generated UCF-like videos (320x240, textured moving content) written
   as H.264 .mp4 and MPEG-4 .avi with PyAV, the .mp4 extracted to jpg folders
@@ -20,6 +20,12 @@ formats: generated UCF-like videos (320x240, textured moving content) written
     (g) limit for (d)/(e): open the video, seek to the keyframe before the clip,
         decode to its last frame, convert the 16 frames to RGB, nothing else
   and, beyond the rows asked for, H.264 with a keyframe every 16 frames.
+jpeg: the same jpg and hdf5 frames, today's path (torchvision decode_jpeg of the
+  full frames + full-size augmentation, the code before simplejpeg, kept here
+  only) against ours (simplejpeg, the crop planned first and the frames decoded
+  at the scale it needs), for the training transform (random resized crop to
+  112 + flip) and the evaluation one (short side to 112 + center crop), with
+  the full-frame decode limits of both decoders; 5 interleaved rounds, best of each.
 workers: a DataLoader (batch 8) over the training data set with 1, 2 worker
   processes feeding a model that does nothing: whether loading or compute
   bounds training.
