@@ -6,7 +6,9 @@ Where a clip comes from, in order:
   loader reads and decodes those frames at once (datasets/loader.py)
   spatial transform crops/flips/resizes the whole uint8 clip, then normalizes
   (datasets/spatial_transforms.py)
-  DataLoader batches clips (C, T, H, W) -> (N, C, T, H, W) for the model.
+  DataLoader batches clips (C, T, H, W) -> (N, C, T, H, W); its DeviceLoader
+  copies them to the device (normalized there with --normalize_on_device,
+  utils/device_batches.py) for the model.
 """
 import random
 from pathlib import Path
@@ -29,6 +31,7 @@ from datasets.temporal_transforms import (
 )
 from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
+from utils.device_batches import DeviceLoader, ToDevice
 from utils.distributed import barrier
 from utils.errors import DataError, OptionError
 from utils.preemption import shield_loader_worker, stop_signals_blocked
@@ -81,10 +84,10 @@ def _class_count_mismatch(record, n_labels):
 
 
 def _finish(dataset, spatial, record):
-    """With --normalize_on_device the workers hand over uint8 clips and
-    `dataset.device_normalizer` converts them after the copy to the device."""
-    defer = record.normalize_on_device
-    dataset.device_normalizer = spatial.defer_normalization() if defer else None
+    """With --normalize_on_device the workers hand over uint8 clips, which the
+    loader's ToDevice normalizes after the copy to the device."""
+    if record.normalize_on_device:
+        spatial.defer_normalization()
     return dataset
 
 
@@ -169,6 +172,13 @@ class VideoDataLoader(DataLoader):
             yield batch
 
 
+def _on_device(loader, spatial, opt, ctx, with_targets):
+    """`loader` with its batches on ctx.device: normalized there when the data
+    set's spatial transform deferred it, in channels_last_3d with --channels_last."""
+    to_device = ToDevice(ctx.device, spatial.device_normalizer, opt.channels_last)
+    return DeviceLoader(loader, to_device, with_targets)
+
+
 def _loader_kwargs(opt, ctx):
     # Workers are not persistent: each epoch's workers are seeded afresh from
     # that epoch's seed (seed_worker_rngs), which makes resumed runs exact.
@@ -198,15 +208,17 @@ def make_train_loader(dataset, opt, ctx):
     # Resumable at any batch (utils/resumable_data.py); the loader's own
     # generator keeps its worker seeds out of the global random state.
     # drop_last: a 1-clip batch breaks BatchNorm and distorts the epoch mean.
-    return VideoDataLoader(SeededSamples(dataset, opt.manual_seed), batch_size=micro_batch,
-                           sampler=ResumableSampler(sampler), drop_last=True,
-                           generator=torch.Generator(), **_loader_kwargs(opt, ctx))
+    loader = VideoDataLoader(SeededSamples(dataset, opt.manual_seed), batch_size=micro_batch,
+                             sampler=ResumableSampler(sampler), drop_last=True,
+                             generator=torch.Generator(), **_loader_kwargs(opt, ctx))
+    return _on_device(loader, dataset.spatial_transform, opt, ctx, with_targets=True)
 
 
 def make_val_loader(dataset, opt, ctx):
     sampler = ShardSampler(len(dataset), ctx.rank, ctx.world_size)
     batch = max(1, per_process_batch(opt.batch_size, ctx) // max(1, opt.n_val_samples))
-    return VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+    loader = VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+    return _on_device(loader, dataset.spatial_transform, opt, ctx, with_targets=True)
 
 
 def make_inference_loader(dataset, opt, ctx):
@@ -216,7 +228,8 @@ def make_inference_loader(dataset, opt, ctx):
     # The batch counts views: an item of three crops is three of them.
     views_per_item = getattr(dataset.spatial_transform, 'n_crops', 1)
     batch = max(1, opt.inference_batch_size // ctx.world_size // views_per_item)
-    return VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+    loader = VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
+    return _on_device(loader, dataset.spatial_transform, opt, ctx, with_targets=False)
 
 
 def seed_worker_rngs(seed):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from training import autocast_context, clips_to_device
 from utils.distributed import eval_module, gather_objects_to_main
+from utils.precision import autocast_context
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,17 @@ class InferenceOutput:
 @torch.no_grad()
 def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, average=True,
                   feature_module=None):
-    """topk <= 0 writes every class; average=False writes each view's result.
+    """`loader`: a DeviceLoader over a VideoWindowDataset (dataset.py's
+    make_inference_loader). topk <= 0 writes every class; average=False
+    writes each view's result.
     feature_module: the classifier, whose input is averaged per video too.
     Returns an InferenceOutput on rank 0, None elsewhere."""
     dataset = loader.dataset
     model = eval_module(model)
     scores = ViewScores(keep_views=not average)
     video_ids = VideoIds(dataset.records)
-    for indices, *rest in score_views(loader, model, ctx.device, dataset.device_normalizer,
-                                      config.amp, config.channels_last, feature_module,
-                                      progress=ctx.is_main and config.progress_bar,
-                                      amp_dtype=config.amp_dtype):
+    for indices, *rest in score_views(loader, model, config.amp, config.amp_dtype, feature_module,
+                                      progress=ctx.is_main and config.progress_bar):
         # By video id: every segment (record) of an ActivityNet video counts
         # toward the one score (the shard keeps a video's records on one rank).
         scores.add([video_ids[v] for v in indices], *rest)
@@ -97,12 +97,13 @@ def pooled(x):
 
 
 @torch.no_grad()
-def score_views(loader, model, device, normalizer=None, amp=False, channels_last=False,
-                feature_module=None, progress=False, amp_dtype=None):
-    """Yields per batch (video indices, segments, softmax (B, K, n_classes),
-    pooled features (B, K, D) or None), on the CPU; K is the spatial views of a
-    clip (3 with --inference_crop three). Only one batch of views is in
-    memory at a time."""
+def score_views(loader, model, amp=False, amp_dtype=None, feature_module=None, progress=False):
+    """`loader` yields (clips, video indices, segments) with the clips on the
+    device (a DeviceLoader, utils/device_batches.py: a batch of B items of K
+    views each as B * K clips). Yields per batch (video indices, segments,
+    softmax (B, K, n_classes), pooled features (B, K, D) or None), on the CPU;
+    K is the spatial views of a clip (3 with --inference_crop three). Only one
+    batch of views is in memory at a time."""
     captured = []
     hook = None
     if feature_module is not None:
@@ -111,10 +112,8 @@ def score_views(loader, model, device, normalizer=None, amp=False, channels_last
     try:
         for clips, video_indices, segments in tqdm(loader, desc='inference', disable=not progress,
                                                    dynamic_ncols=True, leave=False):
-            b = clips.shape[0]
-            clips = clips.flatten(0, 1) if clips.dim() == 6 else clips
-            clips = clips_to_device(clips, device, channels_last, normalizer)
-            with autocast_context(device, amp, amp_dtype):
+            b = len(video_indices)
+            with autocast_context(clips.device, amp, amp_dtype):
                 logits = model(clips)
             probs = logits.float().softmax(1).view(b, -1, logits.shape[1]).cpu()
             features = captured.pop().view(b, probs.shape[1], -1).cpu() if hook else None

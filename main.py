@@ -42,7 +42,6 @@ from training import (
     EpochTotals,
     LoopConfig,
     OptimizerConfig,
-    amp_dtype,
     make_optimizer,
     optimizer_kind,
     precise_bn,
@@ -65,6 +64,7 @@ from utils.logs import TsvLogger, truncate_log
 from utils.lr_schedule import LRSchedule, ScheduleConfig, schedule_kind, steps_per_epoch
 from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.mix import MixConfig
+from utils.precision import amp_dtype
 from utils.preemption import EXIT_PREEMPTED, Preempted, StopRequest, agree_to_stop, requeue_slurm_job
 from utils.result_folder import (
     ResultFolderLock,
@@ -365,7 +365,7 @@ def restore(opt, ctx, record, checkpoint):
 
 
 def loop_config(opt, record):
-    return LoopConfig(amp=record.amp, channels_last=opt.channels_last,
+    return LoopConfig(amp=record.amp,
                       accumulation_steps=opt.accumulation_steps, log_interval=opt.log_interval,
                       progress_bar=not opt.no_progress, frozen_modules=record.frozen_modules,
                       amp_dtype=opt.amp_dtype, clip_grad_norm=opt.clip_grad_norm,
@@ -531,7 +531,7 @@ def start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, fir
     random states and running sums as they were then."""
     seed = epoch_seed(opt.manual_seed, ctx.rank, epoch)
     data.seed_worker_rngs(seed)
-    start_epoch(train_loader, epoch, first_batch)
+    start_epoch(train_loader.loader, epoch, first_batch)
     trainer.mix_rng = np.random.default_rng([seed, 1])
     trainer.totals = EpochTotals(ctx.device)
     if not first_batch:

@@ -103,6 +103,7 @@ from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name, generate_model, load_state_dict_checked
 from opts import build_parser
 from utils.checkpoint import load_checkpoint
+from utils.device_batches import DeviceLoader, ToDevice
 from utils.ema import inference_state_dict
 from utils.errors import USER_ERRORS, CheckpointError, DataError, OptionError
 
@@ -381,11 +382,13 @@ def classify(dataset, model, device, args, failures, keep_views=False, feature_m
     """ViewScores over the data set's videos (batches cross videos)."""
     n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
     loader = DataLoader(SkippingWindows(dataset), batch_size=max(1, args.batch_size // n_crops),
-                        num_workers=args.n_threads, collate_fn=collate_views)
+                        num_workers=args.n_threads, collate_fn=collate_views,
+                        pin_memory=device.type == 'cuda')
     scores = ViewScores(keep_views=keep_views)
     ids = [r.video_id for r in dataset.records]
     batches = _good_batches(loader, ids, failures, not args.no_progress)
-    for batch in score_views(batches, model, device, feature_module=feature_module):
+    to_device = ToDevice(device, dataset.spatial_transform.device_normalizer)
+    for batch in score_views(DeviceLoader(batches, to_device), model, feature_module=feature_module):
         scores.add(*batch)
     return scores
 

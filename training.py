@@ -14,14 +14,15 @@ from utils.ema import update_ema
 from utils.errors import OptionError
 from utils.mix import MixConfig, mix_batch
 from utils.precise_bn import recompute_bn_stats
+from utils.precision import autocast_context
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     """What the training, validation and inference loops need besides the model
-    and the data: read from the options and the run record once, in main.py."""
+    and the data (whose DeviceLoader puts the clips on the device in their
+    layout): read from the options and the run record once, in main.py."""
     amp: bool = False  # already off on CPU
-    channels_last: bool = False
     accumulation_steps: int = 1
     log_interval: int = 10
     progress_bar: bool = True  # plain lines every log_interval steps otherwise
@@ -80,37 +81,6 @@ def optimizer_kind(state):
     if 'betas' in groups[0]:
         return 'adamw'
     return 'sgd' if 'nesterov' in groups[0] else None
-
-
-def clips_to_device(clips, device, channels_last=False, normalizer=None):
-    """Clips to the device, asynchronously from pinned memory, as (N, C, T, H, W)
-    float: uint8 (N, T, C, H, W) clips are normalized there by `normalizer`."""
-    clips = clips.to(device, non_blocking=True)
-    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
-    if normalizer is not None:
-        return normalizer(clips, memory_format=layout)  # one copy, straight into the layout
-    return clips.contiguous(memory_format=layout)
-
-
-def autocast_context(device, enabled, dtype_name=None):
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=amp_dtype(device, dtype_name))
-
-
-AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
-
-
-def amp_dtype(device, dtype_name=None):
-    """--amp_dtype when given; else bfloat16 where the GPU computes it natively
-    (compute capability 8.0 and up: A100, H100, RTX 30xx) and float16 with a
-    GradScaler below (V100, T4, RTX 20xx), where torch.cuda.is_bf16_supported()
-    counts emulation and cuDNN has no bf16 convolutions."""
-    if dtype_name is not None:
-        return AMP_DTYPES[dtype_name]
-    if device.type == 'cuda' and torch.cuda.get_device_capability(device) < (8, 0):
-        return torch.float16
-    return torch.bfloat16
 
 
 class BatchReport:
@@ -199,6 +169,9 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     fraction of time spent waiting for data (reduced over all ranks) and the
     seconds the first step took (the compilation, with --compile).
 
+    `loader` yields (clips, targets) on the device: a DeviceLoader
+    (utils/device_batches.py); the data wait includes queueing their copy.
+
     schedule.after_step() and the EMA update follow every optimizer step that
     ran (an fp16 scaler skips those with inf/nan gradients). Each micro-batch's
     loss is divided by the number of micro-batches of its accumulation group
@@ -210,7 +183,6 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     keep_frozen_eval(model, config.frozen_modules)
     device, k = ctx.device, config.accumulation_steps
     first, n_batches = extras.first_batch, extras.first_batch + len(loader)
-    normalizer = getattr(getattr(loader, 'dataset', None), 'device_normalizer', None)
     totals = extras.totals or EpochTotals(device)
     totals.start()
     report = BatchReport(epoch, n_batches, ctx.world_size, config.log_interval, batch_logger,
@@ -221,11 +193,9 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     for i in range(first, n_batches):
         lr_now = optimizer.param_groups[0]['lr']  # the lr this step uses
         t0 = time.perf_counter()
-        inputs, targets = next(batches)
+        inputs, targets = next(batches)  # on the device (utils/device_batches.py)
         totals.wait_s += time.perf_counter() - t0
-        inputs = clips_to_device(inputs, device, config.channels_last, normalizer)
-        batch = mix_batch(inputs, targets.to(device, non_blocking=True), config.n_classes,
-                          config.mix, extras.mix_rng)
+        batch = mix_batch(inputs, targets, config.n_classes, config.mix, extras.mix_rng)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1
         group = min(k, n_batches - i // k * k)  # micro-batches in this accumulation group
         no_sync = model.no_sync() if (ctx.distributed and not sync_now) else contextlib.nullcontext()
@@ -291,12 +261,11 @@ def optimizer_step(optimizer, scaler, clip_grad_norm=0.0):
 @torch.no_grad()
 def precise_bn(model, loader, n_batches, ctx, config):
     """Recomputes the BatchNorm statistics over the first n_batches of `loader`
-    (utils/precise_bn.py), frozen modules excepted."""
+    (utils/precise_bn.py), frozen modules excepted; `loader` yields its clips
+    on the device, as train_epoch's does."""
     model.train()
     keep_frozen_eval(model, config.frozen_modules)
-    normalizer = getattr(getattr(loader, 'dataset', None), 'device_normalizer', None)
-    batches = (clips_to_device(clips, ctx.device, config.channels_last, normalizer)
-               for clips, _ in itertools.islice(loader, n_batches))
+    batches = (clips for clips, _ in itertools.islice(loader, n_batches))
     with autocast_context(ctx.device, config.amp, config.amp_dtype):
         return recompute_bn_stats(model, batches, ctx)
 

@@ -5,14 +5,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from training import autocast_context, clips_to_device
 from utils.distributed import all_reduce_sum, eval_module
 from utils.metrics import class_report, confusion_figure
+from utils.precision import autocast_context
 
 
 @torch.no_grad()
 def val_epoch(epoch, loader, model, ctx, config, tb_writer=None, class_names=None):
-    """Each item is one video with n_val_samples clips (B, N, C, T, H, W).
+    """Each item is one video with n_val_samples clips; `loader` (a
+    DeviceLoader, utils/device_batches.py) yields them on the device as
+    (B * N, C, T, H, W) with the B videos' targets.
 
     loss: mean cross-entropy over all clips; clip_acc: over all clips;
     acc: video accuracy, from the softmax averaged over a video's clips;
@@ -28,10 +30,8 @@ def val_epoch(epoch, loader, model, ctx, config, tb_writer=None, class_names=Non
     bar = tqdm(loader, desc=f'val {epoch}', disable=not (ctx.is_main and config.progress_bar),
                dynamic_ncols=True, leave=False)
     for clips, targets in bar:
-        b, n = clips.shape[:2]
-        clips = clips_to_device(clips.flatten(0, 1), device, config.channels_last,
-                                getattr(loader.dataset, 'device_normalizer', None))
-        targets = targets.to(device, non_blocking=True)
+        b = targets.shape[0]
+        n = clips.shape[0] // b
         with autocast_context(device, config.amp, config.amp_dtype):
             logits = model(clips)
         logits = logits.float()

@@ -306,7 +306,7 @@ def check_gpu_utilisation(c):
 
 def ema_step_rates(c, reps=3, steps=10):
     """(clips/s without, with update_ema after every step), best of reps."""
-    from training import amp_dtype
+    from utils.precision import amp_dtype
     from util_scripts.model_summary import build
     from utils.ema import make_ema, update_ema
     device = torch.device('cpu' if c.cpu else 'cuda')

@@ -26,9 +26,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from training import amp_dtype
 from util_scripts.model_summary import build
 from utils.grad_checkpoint import enable_grad_checkpointing
+from utils.precision import amp_dtype
 
 CONFIGS = ('fp32', 'amp', 'channels_last', 'compile', 'grad_checkpointing')
 

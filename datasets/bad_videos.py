@@ -31,10 +31,13 @@ class SkipBadVideos(Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def __getattr__(self, name):  # device_normalizer, records, labels, ...
-        if name == 'dataset':
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
+    @property
+    def records(self):
+        return self.dataset.records
+
+    @property
+    def spatial_transform(self):  # whose normalization the loader may run on the device
+        return self.dataset.spatial_transform
 
     def __getitem__(self, i):
         n = len(self.dataset)

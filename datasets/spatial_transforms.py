@@ -276,8 +276,15 @@ class ClipTransform:
         through shared memory, pinned memory and PCIe)."""
         normalizer = self.finish
         if isinstance(normalizer, NormalizeToInput):
-            self.finish = KeepUint8()
+            self.finish = KeepUint8(normalizer)
         return normalizer
+
+    @property
+    def device_normalizer(self) -> NormalizeToInput | None:
+        """The normalizer the consumer applies on the device after
+        defer_normalization() (utils/device_batches.py), else None: the clips
+        come out normalized."""
+        return self.finish.normalizer if isinstance(self.finish, KeepUint8) else None
 
     def __repr__(self):
         return (f'ClipTransform(geometry={self.geometry}, augment={self.augment_transform}, '
@@ -285,7 +292,11 @@ class ClipTransform:
 
 
 class KeepUint8:
-    """The finish step of a ClipTransform whose normalization runs on the device."""
+    """The finish step of a ClipTransform whose normalization runs on the
+    device: `normalizer`, applied there by the consumer."""
+
+    def __init__(self, normalizer: NormalizeToInput):
+        self.normalizer = normalizer
 
     def __call__(self, clip: torch.Tensor) -> torch.Tensor:
         return clip.as_subclass(torch.Tensor).contiguous()

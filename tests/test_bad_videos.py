@@ -6,6 +6,7 @@ from torch.utils.data import DataLoader
 from datasets.annotation import VideoRecord
 from datasets.bad_videos import SkipBadVideos
 from datasets.loader import JpgClipLoader
+from datasets.spatial_transforms import build_eval_transform
 from datasets.videodataset import VideoClipDataset
 from tests.test_datasets import write_jpg_video
 from utils.errors import DataError
@@ -45,9 +46,9 @@ def test_all_bad_gives_a_clear_error(tmp_path):
         data[0]
 
 
-def test_attributes_of_the_wrapped_set_pass_through(tmp_path):
+def test_the_wrapper_has_the_wrapped_sets_records_and_transform(tmp_path):
     inner = make_dataset(tmp_path, bad=())
-    inner.device_normaliser = 'n'
+    inner.spatial_transform = build_eval_transform(8, mean=[0.5] * 3, std=[0.25] * 3)
     data = SkipBadVideos(inner)
-    assert data.device_normaliser == 'n' and data.records is inner.records
+    assert data.records is inner.records and data.spatial_transform is inner.spatial_transform
     assert torch.equal(data[1][0], inner[1][0])

@@ -124,9 +124,10 @@ def test_normalizing_on_the_device_gives_the_same_clips(tiny_synthetic, tmp_path
         for ds in (train_set, val_set, infer_set):
             data.seed_worker_rngs(5)
             x = ds[1][0]
-            if ds.device_normalizer is not None:
+            normalizer = ds.spatial_transform.device_normalizer
+            if normalizer is not None:
                 assert x.dtype == torch.uint8
-                x = ds.device_normalizer(x.flatten(0, -5) if x.dim() == 5 else x[None])
+                x = normalizer(x.flatten(0, -5) if x.dim() == 5 else x[None])
                 x = x if ds is val_set else x[0]
             items.append(x)
         outputs[mode] = items

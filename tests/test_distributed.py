@@ -12,9 +12,11 @@ from datasets.samplers import ShardSampler
 from model import make_parallel
 from models import resnet
 from tests.dist_helpers import run_ranks
-from training import LoopConfig, OptimizerConfig, amp_dtype, make_optimizer, train_epoch
+from training import LoopConfig, OptimizerConfig, make_optimizer, train_epoch
 from utils import distributed as du
+from utils.device_batches import DeviceLoader, ToDevice
 from utils.distributed import CpuSyncBatchNorm, DistContext, convert_sync_batchnorm
+from utils.precision import amp_dtype
 from validation import val_epoch
 
 SINGLE = DistContext()
@@ -177,10 +179,7 @@ class VideoSet(torch.utils.data.Dataset):
 
 
 def validate(ctx, out_path=None, n_videos=7):
-    dataset = VideoSet(n_videos)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=2,
-                                         sampler=ShardSampler(len(dataset), ctx.rank,
-                                                              ctx.world_size))
+    loader = _val_loader(ctx, n_videos)
     model = tiny_resnet()
     model.train()
     with torch.no_grad():  # non-trivial running statistics
@@ -217,8 +216,9 @@ def test_validation_with_uneven_batch_counts_over_ranks(tmp_path):
 
 def _val_loader(ctx, n_videos=7):
     dataset = VideoSet(n_videos)
-    return torch.utils.data.DataLoader(dataset, batch_size=2, sampler=ShardSampler(
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=ShardSampler(
         len(dataset), ctx.rank, ctx.world_size))
+    return DeviceLoader(loader, ToDevice(ctx.device), with_targets=True)
 
 
 def _train_then_validate(ctx, out_path):
@@ -443,11 +443,10 @@ def test_gpu_marked_tests_see_the_gpu():
 
 def test_channels_last_clips_are_normalized_straight_into_that_layout():
     from datasets.spatial_transforms import NormalizeToInput
-    from training import clips_to_device
     norm = NormalizeToInput([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])
     clips = torch.randint(0, 256, (2, 8, 3, 16, 16), dtype=torch.uint8)
-    plain = clips_to_device(clips, torch.device('cpu'), False, norm)
-    last = clips_to_device(clips, torch.device('cpu'), True, norm)
+    plain = ToDevice(torch.device('cpu'), norm, channels_last=False).clips(clips)
+    last = ToDevice(torch.device('cpu'), norm, channels_last=True).clips(clips)
     assert plain.is_contiguous() and last.is_contiguous(memory_format=torch.channels_last_3d)
     assert torch.equal(plain, last)
     # One float copy: the normalizer's output is the tensor handed on.

@@ -11,6 +11,7 @@ from datasets.annotation import VideoRecord
 from datasets.spatial_transforms import ThreeCropTransform, build_eval_transform, three_crop_boxes
 from datasets.temporal_transforms import TemporalEvenCrop
 from datasets.videodataset import VideoWindowDataset
+from utils.device_batches import DeviceLoader, ToDevice
 
 
 def test_even_crop_windows_are_its_clips():
@@ -105,8 +106,8 @@ def test_view_scores_are_the_mean_over_views_by_hand():
     model = _tiny_model()
     scores = ViewScores(keep_views=True)
     # batches of 3 items cross the boundary between the two videos
-    for batch in score_views(DataLoader(ds, batch_size=3), model, torch.device('cpu'),
-                             feature_module=model.fc):
+    loader = DeviceLoader(DataLoader(ds, batch_size=3), ToDevice(torch.device('cpu')))
+    for batch in score_views(loader, model, feature_module=model.fc):
         scores.add(*batch)
     for v, record in enumerate(records):
         views, logits = [], []
@@ -140,8 +141,8 @@ def _infer_worker(ctx, out_path):
                for name, n in (('a', 20), ('b', 9), ('c', 14))]
     spatial = build_eval_transform(32, mean=[0.5] * 3, std=[0.25] * 3, crop='three')
     ds = VideoWindowDataset(records, PositionLoader(), TemporalEvenCrop(4, n_samples=2), spatial)
-    ds.device_normalizer = None
-    loader = DataLoader(ds, batch_size=2, sampler=ds.shard(ctx.rank, ctx.world_size))
+    loader = DeviceLoader(DataLoader(ds, batch_size=2, sampler=ds.shard(ctx.rank, ctx.world_size)),
+                          ToDevice(ctx.device))
     model = _tiny_model()
     config = replace(LoopConfig(), progress_bar=False)
     out = run_inference(loader, model, ['w', 'x', 'y', 'z'], ctx, config, out_path.with_suffix(
@@ -182,7 +183,6 @@ def _segment_dataset(crop='center'):
     spatial = build_eval_transform(32, mean=[0.5] * 3, std=[0.25] * 3, crop=crop)
     ds = VideoWindowDataset(SEGMENT_RECORDS, PositionLoader(), TemporalEvenCrop(4, n_samples=2),
                             spatial)
-    ds.device_normalizer = None
     return ds
 
 
@@ -192,7 +192,8 @@ def _segment_infer_worker(ctx, out_path, average):
     from inference import run_inference
     from training import LoopConfig
     ds = _segment_dataset()
-    loader = DataLoader(ds, batch_size=3, sampler=ds.shard(ctx.rank, ctx.world_size))
+    loader = DeviceLoader(DataLoader(ds, batch_size=3, sampler=ds.shard(ctx.rank, ctx.world_size)),
+                          ToDevice(ctx.device))
     model = _tiny_model()
     out = run_inference(loader, model, ['w', 'x', 'y', 'z'], ctx,
                         replace(LoopConfig(), progress_bar=False),

@@ -13,18 +13,11 @@ import main
 from model import make_parallel
 from tests.conftest import tiny_args
 from tests.dist_helpers import run_ranks
-from training import (
-    AMP_DTYPES,
-    EpochExtras,
-    LoopConfig,
-    amp_dtype,
-    autocast_context,
-    optimizer_step,
-    train_epoch,
-)
+from training import EpochExtras, LoopConfig, optimizer_step, train_epoch
 from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
 from utils.distributed import DistContext
 from utils.logs import read_tsv
+from utils.precision import AMP_DTYPES, amp_dtype, autocast_context
 
 
 def run(tiny, result, *extra):

@@ -2,8 +2,8 @@
 never written, outside opts.py; the library never imports util_scripts nor the
 command-line module opts.py; no import cycle among the project's modules
 (imports inside functions count); every user-facing error type lives in
-utils/errors.py; no function is longer than 60 lines (the option table
-excepted)."""
+utils/errors.py; evaluation never imports the training loop; no function is
+longer than 60 lines (the option table excepted)."""
 import ast
 from pathlib import Path
 
@@ -68,6 +68,26 @@ def test_the_library_does_not_import_scripts():
                 continue
             found += [f'{rel}:{node.lineno} {n}' for n in names if n.split('.')[0] == 'util_scripts']
     assert found == []
+
+
+def _imports(tree):
+    """(line, module) of every import in a file, at the top or inside functions."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+
+
+def test_evaluation_does_not_import_the_training_loop():
+    """Validation, inference and predict take their device and precision
+    helpers from utils/device_batches.py and utils/precision.py."""
+    evaluation = {'validation.py', 'inference.py', 'predict.py', 'utils/device_batches.py',
+                  'utils/precision.py'}
+    found = [f'{rel}:{line} {module}' for rel, tree in _sources() if rel.as_posix() in evaluation
+             for line, module in _imports(tree) if module.split('.')[0] == 'training']
+    assert found == []
+    assert {rel.as_posix() for rel, _ in _sources()} >= evaluation  # the files are where we look
 
 
 def test_functions_are_short():

@@ -22,8 +22,8 @@ def sample_seed(manual_seed, epoch, index):
 class SeededSamples(Dataset):
     """The training set with each sample drawn under sample_seed(seed, epoch,
     index); the global random states are left as they were (with no loader
-    workers, the training step draws from them too). Other attributes are the
-    wrapped data set's."""
+    workers, the training step draws from them too). The wrapped data set is
+    `dataset`."""
 
     def __init__(self, dataset, manual_seed):
         self.dataset = dataset
@@ -32,11 +32,6 @@ class SeededSamples(Dataset):
 
     def __len__(self):
         return len(self.dataset)
-
-    def __getattr__(self, name):
-        if name == 'dataset':  # not set yet (unpickling)
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
     def __getitem__(self, index):
         seed = sample_seed(self.manual_seed, self.epoch, index)
