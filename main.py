@@ -764,7 +764,10 @@ def report_inference(opt, record, result_file):
     subset = SUBSET_NAMES[opt.inference_subset]
     evaluation = evaluate_file(record.annotation_path, result_file, subset, ks=(1, 5))
     for line in evaluation.summary_lines():
-        print(f'inference on {subset}: video {line}')
+        # 'top-1 accuracy: 0.75 (3/4)' -> 'inference top-1 video accuracy on validation: ...'
+        name, value = line.split(': ', 1)
+        name = name.replace(' accuracy', ' video accuracy') if name.startswith('top-') else name
+        print(f'inference {name} on {subset}: {value}')
     stem = opt.result_path / f'{opt.inference_subset}'
     stem.with_name(f'{stem.name}_report.txt').write_text(
         '\n'.join(evaluation.summary_lines()) + '\n\n' +

@@ -179,19 +179,22 @@ SEGMENT_RECORDS = [VideoRecord('b', 'b', 0, 9, 1, (1, 10)),
                    VideoRecord('c', 'c', 0, 14, 3, (1, 15))]
 
 
-def _segment_dataset(crop='center'):
+def _segment_dataset(crop='center', table=False):
+    """table: the records as main.py holds them, a RecordTable (video ids in
+    bytes, no VideoRecord objects)."""
+    from datasets.video_index import RecordTable
     spatial = build_eval_transform(32, mean=[0.5] * 3, std=[0.25] * 3, crop=crop)
-    ds = VideoWindowDataset(SEGMENT_RECORDS, PositionLoader(), TemporalEvenCrop(4, n_samples=2),
-                            spatial)
+    records = RecordTable.from_records(SEGMENT_RECORDS, '/videos') if table else SEGMENT_RECORDS
+    ds = VideoWindowDataset(records, PositionLoader(), TemporalEvenCrop(4, n_samples=2), spatial)
     return ds
 
 
-def _segment_infer_worker(ctx, out_path, average):
+def _segment_infer_worker(ctx, out_path, average, table=False):
     from dataclasses import replace
 
     from inference import run_inference
     from training import LoopConfig
-    ds = _segment_dataset()
+    ds = _segment_dataset(table=table)
     loader = DeviceLoader(DataLoader(ds, batch_size=3, sampler=ds.shard(ctx.rank, ctx.world_size)),
                           ToDevice(ctx.device))
     model = _tiny_model()
@@ -216,9 +219,10 @@ def _by_hand_segment_views():
     return views
 
 
-def test_every_segment_of_a_video_counts_toward_its_score(tmp_path):
+@pytest.mark.parametrize('table', [False, True], ids=['records', 'record_table'])
+def test_every_segment_of_a_video_counts_toward_its_score(tmp_path, table):
     from utils.distributed import DistContext
-    _segment_infer_worker(DistContext(), tmp_path / 'out', True)
+    _segment_infer_worker(DistContext(), tmp_path / 'out', True, table)
     one = torch.load(tmp_path / 'out.1.pth', weights_only=True)
     expected = _by_hand_segment_views()
     assert one['views'] == {'b': 2, 'a': 6, 'c': 2}  # 2 windows per segment
@@ -245,8 +249,9 @@ def test_per_clip_output_keeps_every_segment(tmp_path):
         assert [scores[name] for name in 'wxyz'] == pytest.approx(p.tolist(), abs=1e-6)
 
 
-def test_shard_keeps_the_segments_of_a_video_on_one_rank():
-    ds = _segment_dataset()
+@pytest.mark.parametrize('table', [False, True], ids=['records', 'record_table'])
+def test_shard_keeps_the_segments_of_a_video_on_one_rank(table):
+    ds = _segment_dataset(table=table)
     shards = [list(ds.shard(r, 2)) for r in range(2)]
     assert sorted(shards[0] + shards[1]) == list(range(len(ds)))
     ids = [{SEGMENT_RECORDS[int(ds.video_of_item[i])].video_id for i in s} for s in shards]
@@ -258,7 +263,8 @@ def test_segment_inference_on_two_ranks_equals_one(tmp_path, average):
     from tests.dist_helpers import run_ranks
     from utils.distributed import DistContext
     _segment_infer_worker(DistContext(), tmp_path / 'out', average)
-    run_ranks(_segment_infer_worker, 2, tmp_path / 'out', average)
+    # the two ranks hold a RecordTable, as in main.py: the same shard, the same scores
+    run_ranks(_segment_infer_worker, 2, tmp_path / 'out', average, True)
     one, two = (torch.load(tmp_path / f'out.{n}.pth', weights_only=True) for n in (1, 2))
     assert one['views'] == two['views'] == {'b': 2, 'a': 6, 'c': 2}
     assert list(one['results']) == list(two['results']) == ['b', 'a', 'c']

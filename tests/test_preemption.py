@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -206,6 +207,49 @@ def _signal_bits(pid, field):
             mask = int(line.split()[1], 16)
             return {s for s in signal.Signals if mask >> (s - 1) & 1}
     raise AssertionError(field)
+
+
+def test_a_stop_signal_between_fork_and_shield_waits_for_the_shield(tmp_path, monkeypatch):
+    """The real VideoDataLoader's workers are forked with the stop signals blocked
+    (stop_signals_blocked): a signal to the process group in the moment between
+    the fork and shield_loader_worker waits in the worker and is then dropped.
+    Without the block the worker's SigBlk lacks SIGINT and SIGUSR1 here and the
+    SIGTERM kills it ('DataLoader worker ... is killed by signal: Terminated').
+    The moment is held open by a worker_init_fn that waits before the shield."""
+    import dataset
+    ready, go = tmp_path / 'ready', tmp_path / 'go'
+
+    def late_shield(worker_id):
+        ready.write_text(str(os.getpid()))
+        while not go.exists():
+            time.sleep(0.01)
+        shield_loader_worker(worker_id)
+
+    def signal_the_waiting_worker(seen):
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pid = int(ready.read_text())
+        seen['blocked'] = _signal_bits(pid, 'SigBlk')
+        for sig in STOP_SIGNALS:
+            _signal_from_another_process(pid, sig)
+        seen['pending'] = _signal_bits(pid, 'ShdPnd') | _signal_bits(pid, 'SigPnd')
+        go.touch()
+
+    monkeypatch.setattr(dataset, 'shield_loader_worker', late_shield)
+    loader = dataset.VideoDataLoader(SlowItems(), batch_size=1, num_workers=1)
+    seen = {}
+    sender = threading.Thread(target=signal_the_waiting_worker, args=(seen,))
+    sender.start()
+    try:
+        batches = [int(b) for b in loader]
+    finally:
+        go.touch()
+        sender.join()
+    assert set(STOP_SIGNALS) <= seen['blocked']
+    assert set(STOP_SIGNALS) <= seen['pending']  # they came, and waited
+    assert batches == list(range(6))
+    assert not set(STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_loader_workers_leave_stop_signals_to_the_main_process():
