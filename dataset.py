@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from datasets.annotation import SUBSET_NAMES, check_videos
+from datasets.device_jpeg import device_jpeg_decoder
 from datasets.frame_check import default_cache_dir
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
@@ -31,7 +32,7 @@ from datasets.temporal_transforms import (
 )
 from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
-from utils.device_batches import DeviceLoader, ToDevice
+from utils.device_batches import BatchDecoder, DeviceLoader, ToDevice
 from utils.distributed import barrier
 from utils.errors import DataError, OptionError
 from utils.preemption import shield_loader_worker, stop_signals_blocked
@@ -83,16 +84,33 @@ def _class_count_mismatch(record, n_labels):
             f'to the annotation\'s count) or set --n_classes {n_labels}')
 
 
+def decode_on_device(opt, ctx):
+    """Whether the main process decodes the JPEG frames (--decode_device cuda);
+    refused in one line without a GPU (the decoder is looked for when the
+    loaders are built: datasets/device_jpeg.py)."""
+    if opt.decode_device != 'cuda':
+        return False
+    if ctx.device.type != 'cuda':
+        raise OptionError(f'--decode_device cuda needs a CUDA GPU, and this process runs on '
+                          f'{ctx.device} (torch.cuda.is_available() is '
+                          f'{torch.cuda.is_available()}): leave --decode_device out to decode '
+                          f'in the loader workers')
+    return True
+
+
 def _finish(dataset, spatial, record):
     """With --normalize_on_device the workers hand over uint8 clips, which the
-    loader's ToDevice normalizes after the copy to the device."""
-    if record.normalize_on_device:
+    loader's ToDevice normalizes after the copy to the device; with
+    --decode_device cuda they hand over JPEG bytes, decoded, cropped and
+    normalized there."""
+    if record.normalize_on_device or record.decode_on_device:
         spatial.defer_normalization()
     return dataset
 
 
-def _make_loader(opt, short_side=None):
-    loader = make_loader(opt.file_type, opt.input_type, short_side=short_side)
+def _make_loader(opt, short_side=None, defer_decoding=False):
+    loader = make_loader(opt.file_type, opt.input_type, short_side=short_side,
+                         defer_decoding=defer_decoding)
     if opt.file_type == 'video':
         # each video's frame index (keyframes, timestamps) is demuxed once per run,
         # not once per open, and kept across epochs and workers (datasets/video_index.py)
@@ -101,10 +119,10 @@ def _make_loader(opt, short_side=None):
     return loader
 
 
-def _eval_loader(opt):
+def _eval_loader(opt, record):
     # The eval transforms resize the short side to sample_size first: video
     # frames are converted at that size (FFmpeg's scaler), the resize is then a no-op.
-    return _make_loader(opt, short_side=opt.sample_size)
+    return _make_loader(opt, short_side=opt.sample_size, defer_decoding=record.decode_on_device)
 
 
 def get_training_data(opt, record):
@@ -120,7 +138,7 @@ def get_training_data(opt, record):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale,
                                     randaugment=opt.randaugment, random_erasing=opt.random_erasing)
-    loader = _make_loader(opt)
+    loader = _make_loader(opt, defer_decoding=record.decode_on_device)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -131,7 +149,7 @@ def get_validation_data(opt, record):
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop='center')
-    loader = _eval_loader(opt)
+    loader = _eval_loader(opt, record)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -147,7 +165,7 @@ def get_inference_data(opt, record):
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop=opt.inference_crop)
-    loader = _eval_loader(opt)
+    loader = _eval_loader(opt, record)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names
 
@@ -172,10 +190,15 @@ class VideoDataLoader(DataLoader):
             yield batch
 
 
-def _on_device(loader, spatial, opt, ctx, with_targets):
-    """`loader` with its batches on ctx.device: normalized there when the data
-    set's spatial transform deferred it, in channels_last_3d with --channels_last."""
-    to_device = ToDevice(ctx.device, spatial.device_normalizer, opt.channels_last)
+def _on_device(loader, dataset, opt, ctx, with_targets):
+    """`loader` with its batches on ctx.device: decoded there when the data
+    set's loader defers decoding (--decode_device cuda), normalized there when
+    its spatial transform deferred it, in channels_last_3d with --channels_last."""
+    spatial = dataset.spatial_transform
+    decoder = None
+    if getattr(dataset.loader, 'defer_decoding', False):  # the video loader never defers
+        decoder = BatchDecoder(spatial, device_jpeg_decoder(ctx.device))
+    to_device = ToDevice(ctx.device, spatial.device_normalizer, opt.channels_last, decoder)
     return DeviceLoader(loader, to_device, with_targets)
 
 
@@ -211,14 +234,14 @@ def make_train_loader(dataset, opt, ctx):
     loader = VideoDataLoader(SeededSamples(dataset, opt.manual_seed), batch_size=micro_batch,
                              sampler=ResumableSampler(sampler), drop_last=True,
                              generator=torch.Generator(), **_loader_kwargs(opt, ctx))
-    return _on_device(loader, dataset.spatial_transform, opt, ctx, with_targets=True)
+    return _on_device(loader, dataset, opt, ctx, with_targets=True)
 
 
 def make_val_loader(dataset, opt, ctx):
     sampler = ShardSampler(len(dataset), ctx.rank, ctx.world_size)
     batch = max(1, per_process_batch(opt.batch_size, ctx) // max(1, opt.n_val_samples))
     loader = VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
-    return _on_device(loader, dataset.spatial_transform, opt, ctx, with_targets=True)
+    return _on_device(loader, dataset, opt, ctx, with_targets=True)
 
 
 def make_inference_loader(dataset, opt, ctx):
@@ -229,7 +252,7 @@ def make_inference_loader(dataset, opt, ctx):
     views_per_item = getattr(dataset.spatial_transform, 'n_crops', 1)
     batch = max(1, opt.inference_batch_size // ctx.world_size // views_per_item)
     loader = VideoDataLoader(dataset, batch_size=batch, sampler=sampler, **_loader_kwargs(opt, ctx))
-    return _on_device(loader, dataset.spatial_transform, opt, ctx, with_targets=False)
+    return _on_device(loader, dataset, opt, ctx, with_targets=False)
 
 
 def seed_worker_rngs(seed):

@@ -183,6 +183,7 @@ def prepare(opt, ctx):
         amp=opt.amp and ctx.device.type == 'cuda',
         normalize_on_device=opt.normalize_on_device == 'on' or
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
+        decode_on_device=data.decode_on_device(opt, ctx),
         video_path=video_path, annotation_path=annotation_path,
         resume_path=resume, **fine_tuning_settings(opt, checkpoint, resume))
     return record, checkpoint

@@ -144,6 +144,10 @@ def build_parser():
     _add(g, '--normalize_on_device', default='auto', choices=['auto', 'on', 'off'],
          help='Copy clips to the device as uint8 and convert/normalize there (4x fewer '
               'bytes to move); auto: on with GPUs')
+    _add(g, '--decode_device', default='cpu', choices=['cpu', 'cuda'],
+         help='Where JPEG frames (jpg, hdf5) are decoded: cpu (in the loader workers) or '
+              'cuda (the workers read the bytes, the GPU decodes, crops, resizes and '
+              'normalizes each batch: nvImageCodec, else torchvision\'s nvjpeg decoder)')
     _add(g, '--channels_last', action='store_true',
          help='Model and clips in channels_last_3d memory format (faster 3D '
               'convolutions on recent GPUs, mostly with --amp)')
@@ -308,6 +312,9 @@ def _check(opt):
                   f'{opt.dataset} (or use --dataset synthetic, which needs no download)')
     if opt.input_type == 'flow' and opt.file_type != 'hdf5':
         _fail('--input_type flow needs --file_type hdf5 (datasets video_u/video_v)')
+    if opt.decode_device == 'cuda' and (opt.file_type == 'video' or opt.input_type == 'flow'):
+        _fail('--decode_device cuda decodes RGB JPEG frames (--file_type jpg or hdf5); video '
+              'files and flow are decoded in the loader workers: leave --decode_device out')
     for name, low in MINIMUMS.items():
         if getattr(opt, name) is not None and getattr(opt, name) < low:  # None: not given
             _fail(f'--{name} must be at least {low} (got {getattr(opt, name)})')

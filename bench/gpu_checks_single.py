@@ -306,9 +306,9 @@ def check_gpu_utilisation(c):
 
 def ema_step_rates(c, reps=3, steps=10):
     """(clips/s without, with update_ema after every step), best of reps."""
-    from utils.precision import amp_dtype
     from util_scripts.model_summary import build
     from utils.ema import make_ema, update_ema
+    from utils.precision import amp_dtype
     device = torch.device('cpu' if c.cpu else 'cuda')
     torch.backends.cudnn.benchmark = True
     name, shape = ('resnet-10', (4, 3, 8, 32, 32)) if c.cpu else ('resnet-18', (16, 3, 16, 112, 112))

@@ -39,6 +39,10 @@ class SkipBadVideos(Dataset):
     def spatial_transform(self):  # whose normalization the loader may run on the device
         return self.dataset.spatial_transform
 
+    @property
+    def loader(self):  # whose decoding the loader may run on the device
+        return self.dataset.loader
+
     def __getitem__(self, i):
         n = len(self.dataset)
         first_error = None

@@ -14,12 +14,18 @@ The JPEG loaders (jpg folders, hdf5) also split a call in two:
 a data set can let the spatial transform choose its crop before anything is
 decoded (datasets/videodataset.py).  At factor 1 the frames are bit-identical
 to ``torchvision.io.decode_jpeg``'s (tests/test_datasets.py).
+
+With ``--decode_device cuda`` (a loader made with ``defer_decoding=True``) the
+workers decode nothing: an item is a :class:`DeferredClip` (the frames' bytes
+packed in one uint8 tensor, :class:`PackedFrames`, and the crop the spatial
+transform planned), a batch a :class:`DeferredBatch`, which the main process
+decodes on the device (utils/device_batches.py, datasets/device_jpeg.py).
 """
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import simplejpeg
@@ -30,7 +36,7 @@ from datasets.spatial_transforms import DCT_FACTORS
 from utils.errors import DataError
 
 __all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'EncodedClip', 'make_loader',
-           'decode_frames']
+           'decode_frames', 'PackedFrames', 'DeferredClip', 'DeferredBatch']
 
 # What to do about the file, true wherever it is read (DataError: the caller
 # says what else can be done, e.g. leave the video out).
@@ -137,9 +143,64 @@ class EncodedClip:
         clip = frames.permute(0, 3, 1, 2)
         return clip if self.index is None else clip[self.index]
 
+    def pack(self) -> PackedFrames:
+        """The bytes in one uint8 tensor (through the workers' shared memory as one
+        buffer, not one pickled string per frame); one plane only (RGB)."""
+        if len(self.planes) != 1:
+            raise ValueError('only single-plane (RGB) clips are packed for device decoding')
+        data = self.planes[0]
+        ends = np.cumsum([len(frame) for frame in data])
+        packed = np.frombuffer(b''.join(data), dtype=np.uint8)
+        return PackedFrames(torch.from_numpy(packed.copy()), ends.tolist(), self.names[0],
+                            self.video, self.colorspace, self.frame_size)
+
+
+class PackedFrames(NamedTuple):
+    """A clip's distinct JPEG frames, read in a worker and not decoded:
+    ``data`` all their bytes (uint8, 1-D), frame i is ``data[ends[i - 1]:ends[i]]``;
+    ``frame_size`` (height, width) from the first frame's header."""
+    data: torch.Tensor
+    ends: list
+    names: list
+    video: str
+    colorspace: str
+    frame_size: tuple
+
+    def frames(self) -> list[torch.Tensor]:
+        """Each frame's bytes (views of ``data``)."""
+        starts = [0] + self.ends[:-1]
+        return [self.data[a:b] for a, b in zip(starts, self.ends)]
+
+    def unpack(self) -> EncodedClip:
+        clip = EncodedClip([[f.numpy().tobytes() for f in self.frames()]], [self.names],
+                           self.video, self.colorspace)
+        clip._size = tuple(self.frame_size)
+        return clip
+
+
+class DeferredClip(NamedTuple):
+    """What a worker hands over for an item when the main process decodes:
+    the frames of ``union`` (sorted distinct positions) as ``frames``, the
+    spatial transform's ``plan`` for them, the ``clips`` (lists of positions) to
+    cut out, whether the item holds several (``multi``), and the ``seed`` of
+    the item's other random augmentation steps (None: the transform draws none)."""
+    frames: PackedFrames
+    plan: object
+    union: list
+    clips: list
+    multi: bool
+    seed: int | None
+
+
+class DeferredBatch(list):
+    """A batch of DeferredClips (the first field of a batch that the loader's
+    ToDevice decodes on the device)."""
+
 
 class JpgClipLoader:
     """Frames ``<video_dir>/image_{p+1:05d}.jpg``; decodes RGB (or ``colorspace='GRAY'``)."""
+
+    defer_decoding = False  # True: the data set hands over DeferredClips
 
     def __init__(self, colorspace: str = 'RGB'):
         if colorspace not in _CHANNELS:
@@ -181,6 +242,7 @@ class Hdf5ClipLoader:
     """
     keys: tuple[str, ...] = ('video',)
     colorspace = 'RGB'
+    defer_decoding = False  # True: the data set hands over DeferredClips
 
     def __init__(self, max_open: int = 64):
         self.max_open = max_open
@@ -260,15 +322,19 @@ class Hdf5FlowLoader(Hdf5ClipLoader):
     colorspace = 'GRAY'
 
 
-def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int | None = None):
+def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int | None = None,
+                defer_decoding: bool = False):
     """jpg+rgb -> JpgClipLoader, hdf5+rgb -> Hdf5ClipLoader, hdf5+flow -> Hdf5FlowLoader,
     video+rgb -> datasets.video.VideoClipLoader (decoded frames resized by FFmpeg to
-    ``short_side`` if given: for transforms that resize the short side first)."""
+    ``short_side`` if given: for transforms that resize the short side first).
+    ``defer_decoding``: the JPEG RGB loaders' data sets hand over DeferredClips."""
+    if defer_decoding and (input_type != 'rgb' or file_type not in ('jpg', 'hdf5')):
+        raise ValueError('only jpg and hdf5 RGB frames are decoded on the device')
     if input_type == 'rgb':
-        if file_type == 'jpg':
-            return JpgClipLoader()
-        if file_type == 'hdf5':
-            return Hdf5ClipLoader()
+        if file_type in ('jpg', 'hdf5'):
+            loader = JpgClipLoader() if file_type == 'jpg' else Hdf5ClipLoader()
+            loader.defer_decoding = defer_decoding
+            return loader
         if file_type == 'video':
             from datasets.video import VideoClipLoader
             return VideoClipLoader(short_side=short_side)

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from datasets.annotation import VideoRecord
+from datasets.loader import DeferredBatch, DeferredClip
 from datasets.spatial_transforms import ClipTransform
 from utils.errors import DataError
 
@@ -46,9 +47,15 @@ def _errors_as_values(get_item):
 
 
 def collate(items):
-    """default_collate, or the first BadVideo among the items."""
+    """default_collate, or the first BadVideo among the items; DeferredClips
+    (decoded later, on the device) are gathered in a DeferredBatch."""
     bad = next((item for item in items if isinstance(item, BadVideo)), None)
-    return bad if bad is not None else default_collate(items)
+    if bad is not None:
+        return bad
+    if isinstance(items[0][0], DeferredClip):
+        return [DeferredBatch(item[0] for item in items),
+                *default_collate([item[1:] for item in items])]
+    return default_collate(items)
 
 
 def _guarded(record: VideoRecord, fn, *args):
@@ -83,6 +90,19 @@ def _decode(loader, record: VideoRecord, union: list[int], spatial, multi: bool)
     plan = spatial.plan(_guarded(record, lambda: encoded.frame_size))
     factor = 1 if plan is None else plan.reduction(encoded.factors)
     return _guarded(record, encoded.decode, factor), plan, factor
+
+
+def _deferred(loader, record: VideoRecord, union: list[int], clips, spatial,
+              multi: bool) -> DeferredClip:
+    """The item's frames read, not decoded, with the spatial transform's plan
+    for them (drawn here, as _decode draws it) and a seed for the rest of its
+    random steps, which run where the frames are decoded (utils/device_batches.py)."""
+    if not _one_draw(spatial, multi):
+        raise ValueError('decoding on the device needs one augmentation draw per item')
+    encoded = _guarded(record, loader.read, record.path, union)
+    plan = spatial.plan(_guarded(record, lambda: encoded.frame_size))
+    seed = None if spatial.deterministic else int(torch.randint(2 ** 62, ()))
+    return DeferredClip(encoded.pack(), plan, union, [list(c) for c in clips], multi, seed)
 
 
 def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],
@@ -159,6 +179,9 @@ class VideoClipDataset(Dataset):
         multi = isinstance(sel[0], (list, tuple, range))
         clips = sel if multi else [sel]
         union = sorted(set(chain.from_iterable(clips)))
+        if getattr(self.loader, 'defer_decoding', False):
+            return _deferred(self.loader, record, union, clips, self.spatial_transform,
+                             multi), record.label
         decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform, multi)
         return _make_clips(decoded, union, clips, self.spatial_transform, multi, plan, factor), \
             record.label
@@ -232,9 +255,14 @@ class VideoWindowDataset(Dataset):
         sw = self.sliding_window
         positions = sw.window(record.positions, k)
         union = sorted(set(positions))
-        decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform, False)
-        clip = _make_clips(decoded, union, [positions], self.spatial_transform, False, plan,
-                           factor)
+        if getattr(self.loader, 'defer_decoding', False):
+            clip = _deferred(self.loader, record, union, [positions], self.spatial_transform,
+                             False)
+        else:
+            decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform,
+                                            False)
+            clip = _make_clips(decoded, union, [positions], self.spatial_transform, False, plan,
+                               factor)
         start = sw.start(record.n_frames, k)
         end = min(start + sw.span, record.n_frames)
         first_number = record.segment[0]  # annotation's number of position first_frame

@@ -14,14 +14,56 @@ normalized there, in channels_last_3d with --channels_last. Everything runs
 on the current stream: the copy, the normalization and the forward pass are
 queued in that order, the host never waits, and a buffer is not reused while
 a copy into it is in flight (timm prefetches on a side stream, which needs
-wait_stream and record_stream for the same guarantees). A step that decodes
-on the device (workers handing over encoded frames and their crop boxes)
-belongs in ToDevice.clips too, before the normalization.
+wait_stream and record_stream for the same guarantees).
+
+With --decode_device cuda the workers hand over a DeferredBatch instead (each
+item's JPEG bytes and the crop box its spatial transform planned,
+datasets/loader.py): ToDevice.clips decodes it first (BatchDecoder: one
+decoder call for the whole batch, datasets/device_jpeg.py), crops, resizes and
+augments each item there with the workers' own code, then normalizes as above.
 """
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from datasets.loader import DeferredBatch
+from datasets.videodataset import _make_clips
+
+
+def _seeded(seed):
+    """The CPU generator (where v2 transforms draw their parameters) seeded with
+    the item's seed, and restored after; nothing when the item has none."""
+    if seed is None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=[]))
+    torch.default_generator.manual_seed(seed)
+    return stack
+
+
+class BatchDecoder:
+    """DeferredBatch -> the uint8 clips the workers would have handed over,
+    (B, [views,] T, C, H, W), on `jpeg`'s device: the batch's frames decoded in
+    one call (at the DCT reduction each item's plan allows, where the decoder
+    has reductions), then each item cropped, resized and augmented as
+    `spatial` (the data set's transform, normalization deferred) does in a
+    worker, its random steps drawn from the seed its worker drew."""
+
+    def __init__(self, spatial, jpeg):
+        self.spatial, self.jpeg = spatial, jpeg
+
+    def __call__(self, batch: DeferredBatch) -> torch.Tensor:
+        factors = [1 if item.plan is None else item.plan.reduction(self.jpeg.factors)
+                   for item in batch]
+        decoded = self.jpeg.decode([(item.frames, f) for item, f in zip(batch, factors)])
+        clips = []
+        for item, factor, frames in zip(batch, factors, decoded):
+            with _seeded(item.seed):
+                clips.append(_make_clips(frames, item.union, item.clips, self.spatial,
+                                         item.multi, item.plan, factor))
+        return torch.stack(clips)
 
 
 @dataclass(frozen=True)
@@ -29,13 +71,17 @@ class ToDevice:
     """How the clips of a batch become the model's input on `device`.
     normalizer: uint8 (N, T, C, H, W) -> float (N, C, T, H, W) in a given
     memory_format (datasets.spatial_transforms.NormalizeToInput), or None when
-    the clips come normalized."""
+    the clips come normalized. decoder: decodes the DeferredBatches of
+    --decode_device cuda (their clips come out uint8: a normalizer is needed)."""
     device: torch.device
     normalizer: Callable | None = None
     channels_last: bool = False
+    decoder: BatchDecoder | None = None  # --decode_device cuda: DeferredBatches
 
     def clips(self, clips):
         """(..., 4 dims per clip) clips -> (N, C, T, H, W) float on the device."""
+        if isinstance(clips, DeferredBatch):
+            clips = self.decoder(clips)  # uint8, on the device already
         clips = clips.flatten(0, clips.dim() - 5)  # a view: (B, K, ...) -> (B * K, ...)
         clips = clips.to(self.device, non_blocking=True)
         layout = torch.channels_last_3d if self.channels_last else torch.contiguous_format

@@ -27,6 +27,7 @@ class RunRecord:
     n_classes: int | None = None
     ft_begin_module: str = ''
     ft_lr_ratio: float = 1.0
+    decode_on_device: bool = False  # --decode_device cuda: workers hand over JPEG bytes
 
     def to_dict(self):
         return {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
