@@ -304,6 +304,102 @@ def check_gpu_utilisation(c):
             f'alone {step:.3g} clips/s: {limit} limits training')
 
 
+DECODE_BOUND = 2.0  # mean |GPU - CPU| of 255: nvjpeg's IDCT and upsampling vs libjpeg-turbo's
+
+
+def decoding_loader(c, args, on_device):
+    """The training loader of main.py's options `args`, its frames decoded in
+    the workers or (on_device) by the device's JPEG decoder in this process
+    (on a CPU dry run: simplejpeg here, the same path)."""
+    import dataclasses
+
+    import dataset as data
+    import main
+    from utils.distributed import DistContext
+    from utils.resumable_data import start_epoch
+    opt = main.parse_opts(args)
+    opt.result_path.mkdir(parents=True, exist_ok=True)
+    ctx = DistContext(device=torch.device('cpu' if c.cpu else 'cuda', 0))
+    record, _ = main.prepare(opt, DistContext())  # the devices' choice is made below
+    record = dataclasses.replace(record, decode_on_device=on_device, normalize_on_device=True)
+    train_set, _ = data.get_training_data(opt, record)
+    loader = data.make_train_loader(train_set, opt, ctx)
+    data.seed_worker_rngs(0)
+    start_epoch(loader.loader, 1)
+    return loader
+
+
+def loader_rate(loader, sampler=None):
+    """Clips/s after the first batch (the workers' start), the device synchronized."""
+    batches = iter(loader)
+    next(batches)
+    if sampler is not None:
+        sampler.active.set()
+    t0, clips = time.perf_counter(), 0
+    for x, _ in batches:
+        clips += len(x)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return clips / (time.perf_counter() - t0)
+
+
+def decoded_difference(c, args):
+    """Mean absolute difference (of 255) between the device decoder's uint8
+    clips and simplejpeg's at the DCT reduction, on validation items (centre
+    crops: no random steps), and the decoder's name."""
+    import dataclasses
+
+    import dataset as data
+    import main
+    from datasets.device_jpeg import CpuJpeg, device_jpeg_decoder
+    from datasets.loader import DeferredBatch
+    from utils.device_batches import BatchDecoder
+    from utils.distributed import DistContext
+    opt = main.parse_opts(args)
+    record, _ = main.prepare(opt, DistContext())
+    val_set, _ = data.get_validation_data(opt, dataclasses.replace(record, decode_on_device=True))
+    items = DeferredBatch(val_set[i][0] for i in range(min(8, len(val_set))))
+    device = device_jpeg_decoder(torch.device('cpu' if c.cpu else 'cuda', 0))
+    gpu = BatchDecoder(val_set.spatial_transform, device)(items)
+    cpu = BatchDecoder(val_set.spatial_transform, CpuJpeg())(items)
+    return (gpu.cpu().int() - cpu.int()).abs().float().mean().item(), device.name
+
+
+def check_gpu_decoding(c):
+    """--decode_device cuda: the GPU decoder's clips equal simplejpeg's within
+    the decoders' rounding (mean |diff| <= 2 of 255), the training loader's
+    clips/s with decoding on the GPU against the workers' (16 workers, 240x240
+    JPEG frames), the GPU's utilisation meanwhile, and main.py trains with it
+    (on a CPU dry run: the same path with simplejpeg in the main process, and
+    main.py's refusal without a GPU)."""
+    result = c.result_path('decode')
+    args = utilisation_args(c, result)
+    diff, name = decoded_difference(c, args)
+    if diff > DECODE_BOUND:
+        raise Failed(f'{name} differs from simplejpeg by {diff:.2f} of 255 on average '
+                     f'(bound {DECODE_BOUND})')
+    rates = {}
+    with Sampler(utilisation) as sampler:
+        rates['device'] = loader_rate(decoding_loader(c, args, True), sampler)
+        sampler.active.clear()
+    rates['workers'] = loader_rate(decoding_loader(c, args, False))
+    samples = [s[0] for s in sampler.samples]
+    util = f'GPU utilisation {sum(samples) / len(samples):.0f}% while decoding' if samples \
+        else 'no GPU utilisation (dry run)' if c.cpu else 'GPU utilisation not readable'
+    trained_path = c.result_path('decode_train')
+    run = c.main_py(trained_path, '--n_epochs', '1', '--no_val', '--decode_device', 'cuda')
+    if c.cpu:
+        if run.returncode == 0 or '--decode_device cuda needs a CUDA GPU' not in run.stderr:
+            raise Failed(f'main.py --decode_device cuda on CPU was not refused: {tail(run)}')
+        trained = 'main.py refuses --decode_device cuda without a GPU'
+    else:
+        ok(run, 'main.py --decode_device cuda')
+        trained = f'main.py trains with it (loss {losses_text(finite_losses(trained_path))})'
+    return (f'{name}: mean |diff| {diff:.3f} of 255 vs simplejpeg; training loader '
+            f'{rates["device"]:.3g} clips/s decoding on the device vs {rates["workers"]:.3g} in '
+            f'{args[args.index("--n_threads") + 1]} workers; {util}; {trained}')
+
+
 def ema_step_rates(c, reps=3, steps=10):
     """(clips/s without, with update_ema after every step), best of reps."""
     from util_scripts.model_summary import build
@@ -532,6 +628,8 @@ CHECKS = {
     'torchrun_1_process': Check(check_torchrun_one_process, 90, 'torchrun with --batchnorm_sync '
                                 '--amp --inference --auto_resume'),
     'elastic_restart': Check(check_elastic_restart, 120, 'a killed worker is restarted and resumes'),
+    'gpu_decoding': Check(check_gpu_decoding, 120, '--decode_device cuda: GPU decoding equals '
+                          'simplejpeg within 2/255; clips/s vs the workers; GPU utilisation'),
     'stop_signal': Check(check_stop_signal, 90, 'SIGTERM mid-epoch: checkpoint, exit 75, resume'),
     'deterministic_repeat': Check(check_deterministic_repeat, 120, 'two --deterministic runs: '
                                   'equal weights'),
