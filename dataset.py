@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from datasets.annotation import SUBSET_NAMES, check_videos
@@ -34,7 +35,7 @@ from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from utils.device_batches import BatchDecoder, DeviceLoader, ToDevice
 from utils.distributed import barrier
-from utils.errors import DataError, OptionError
+from utils.errors import USER_ERRORS, DataError, OptionError
 from utils.preemption import shield_loader_worker, stop_signals_blocked
 from utils.resumable_data import ResumableSampler, SeededSamples
 
@@ -61,17 +62,57 @@ def _mean_std(opt):
                         no_mean_norm=opt.no_mean_norm, no_std_norm=opt.no_std_norm)
 
 
-def _records(opt, record, subset):
+def _record_table(opt, record, subset):
     """The subset's records as a compact RecordTable, cached under
     <result_path>/data_index/ (a second start-up skips the annotation JSON)."""
     records, class_names, _ = load_record_table(
         record.annotation_path, subset, record.video_path, opt.dataset,
         file_type=opt.file_type, cache_dir=opt.result_path / INDEX_CACHE_DIR)
-    if record.n_classes is not None and len(class_names) != record.n_classes:
-        raise DataError(_class_count_mismatch(record, len(class_names)))
+    return records, class_names
+
+
+def _checked_records(opt, record, subset):
+    records, class_names = _record_table(opt, record, subset)
     check_videos(records, opt.file_type, mode=opt.check_frames, input_type=opt.input_type,
                  cache_dir=default_cache_dir())
     return records, class_names
+
+
+def _records(opt, record, subset, ctx=None):
+    """The subset's records, checked against the disk (--check_frames). Under
+    DDP one rank per node (its local rank 0) builds the index and checks the
+    frames; the node's other ranks wait for every node's result and read the
+    table from the data_index cache it wrote. A failure anywhere stops every
+    rank with the same message."""
+    if ctx is None or not ctx.distributed:
+        records, class_names = _checked_records(opt, record, subset)
+    else:
+        records, class_names = _records_once_per_node(opt, record, subset, ctx)
+    if record.n_classes is not None and len(class_names) != record.n_classes:
+        raise DataError(_class_count_mismatch(record, len(class_names)))
+    return records, class_names
+
+
+def _records_once_per_node(opt, record, subset, ctx):
+    built, failure, error = None, None, None
+    if ctx.local_rank == 0:
+        try:
+            built = _checked_records(opt, record, subset)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, then it is raised
+            failure = (type(e).__name__, str(e), ctx.rank)
+            error = e
+    failures = [None] * ctx.world_size
+    dist.all_gather_object(failures, failure, group=ctx.cpu_group)  # every rank waits here
+    first = next((f for f in failures if f is not None), None)
+    if first is not None:
+        if failure is not None:
+            raise error
+        kinds = {e.__name__: e for e in USER_ERRORS}
+        name, message, rank = first
+        if name in kinds:
+            raise kinds[name](message)
+        raise RuntimeError(f'rank {rank} failed checking the {subset} videos: {name}: {message}')
+    return built if built is not None else _record_table(opt, record, subset)
 
 
 def _class_count_mismatch(record, n_labels):
@@ -125,8 +166,8 @@ def _eval_loader(opt, record):
     return _make_loader(opt, short_side=opt.sample_size, defer_decoding=record.decode_on_device)
 
 
-def get_training_data(opt, record):
-    records, class_names = _records(opt, record, 'training')
+def get_training_data(opt, record, ctx=None):
+    records, class_names = _records(opt, record, 'training', ctx)
     if opt.train_t_crop == 'random':
         temporal = TemporalRandomCrop(opt.sample_duration, opt.sample_t_stride)
     else:
@@ -142,9 +183,9 @@ def get_training_data(opt, record):
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
-def get_validation_data(opt, record):
+def get_validation_data(opt, record, ctx=None):
     """One item per video: n_val_samples clips spread evenly over it."""
-    records, class_names = _records(opt, record, 'validation')
+    records, class_names = _records(opt, record, 'validation', ctx)
     temporal = TemporalEvenCrop(opt.sample_duration, opt.n_val_samples, opt.sample_t_stride)
     mean, std = _mean_std(opt)
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
@@ -153,11 +194,11 @@ def get_validation_data(opt, record):
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
-def get_inference_data(opt, record):
+def get_inference_data(opt, record, ctx=None):
     """One item per clip (sliding window, or --inference_n_clips clips spread
     evenly); a video's clips are contiguous. With --inference_crop three an item
     holds the clip's three crops."""
-    records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset])
+    records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset], ctx)
     if opt.inference_n_clips > 0:
         temporal = TemporalEvenCrop(opt.sample_duration, opt.inference_n_clips, opt.sample_t_stride)
     else:

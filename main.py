@@ -97,7 +97,7 @@ def run(opt, ctx):
 
 def run_stages(opt, ctx):
     record, checkpoint = prepare(opt, ctx)
-    datasets = load_data(opt, record)
+    datasets = load_data(opt, record, ctx)
     warn_short_videos(opt, ctx, datasets)
     model = restore(opt, ctx, record, checkpoint)
     if ctx.is_main:
@@ -293,17 +293,18 @@ class DataSets:
     class_names: list
 
 
-def load_data(opt, record):
+def load_data(opt, record, ctx=None):
     """Every data set the run needs, built first: bad annotations or missing
-    videos fail here, before any training time is spent."""
+    videos fail here, before any training time is spent (under DDP checked by
+    one rank per node, dataset.py)."""
     train = val = infer = None
     class_names = []
     if not opt.no_train:
-        train, class_names = data.get_training_data(opt, record)
+        train, class_names = data.get_training_data(opt, record, ctx)
     if not opt.no_val:
-        val, class_names = data.get_validation_data(opt, record)
+        val, class_names = data.get_validation_data(opt, record, ctx)
     if opt.inference:
-        infer, class_names = data.get_inference_data(opt, record)
+        infer, class_names = data.get_inference_data(opt, record, ctx)
     if train is not None and opt.on_bad_video == 'skip':
         train = SkipBadVideos(train)
     if record.n_classes is None:  # --n_classes not given: the annotation's count

@@ -157,7 +157,7 @@ def device_jpeg_decoder(device: torch.device):
             return decoder
         except ImportError:
             reasons.append(f'{make.name}: not installed')
-        except (AttributeError, RuntimeError, ValueError) as e:  # no driver, no nvjpeg, ...
+        except (AttributeError, TypeError, RuntimeError, ValueError) as e:  # no driver, no nvjpeg
             reasons.append(f'{make.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}')
     raise OptionError(f'--decode_device cuda found no GPU JPEG decoder that runs on {device} '
                       f'({"; ".join(reasons)}): {INSTALL}')

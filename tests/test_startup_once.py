@@ -1,0 +1,52 @@
+"""Start-up under DDP: one rank per node (local rank 0) builds the record index
+and runs the frame check; the node's other ranks wait and read the index it
+cached; a failed check stops every rank with the same message (2 gloo ranks)."""
+import os
+import shutil
+
+import dataset as data
+import main
+from opts import parse_opts
+from tests.conftest import tiny_args
+from tests.dist_helpers import run_ranks
+from utils.distributed import DistContext
+
+
+def _count_checks_and_load(ctx, tiny, result, log_dir):
+    """Builds the training set on this rank, counting check_videos calls and
+    keeping the error each rank raised."""
+    os.environ['XDG_CACHE_HOME'] = str(log_dir / 'cache')  # no frame-check cache from earlier
+    checked = data.check_videos
+
+    def counting(*args, **kwargs):
+        with open(log_dir / 'checks', 'a') as f:
+            f.write(f'{ctx.rank}\n')
+        return checked(*args, **kwargs)
+    data.check_videos = counting
+    opt = parse_opts(tiny_args(*tiny, result))
+    record, _ = main.prepare(opt, DistContext())
+    try:
+        train_set, _ = data.get_training_data(opt, record, ctx)
+        (log_dir / f'videos{ctx.rank}').write_text(str(len(train_set)))
+    except data.DataError as e:
+        (log_dir / f'error{ctx.rank}').write_text(str(e))
+
+
+def test_the_frame_check_runs_once_per_node_and_every_rank_gets_the_records(
+        tiny_synthetic, tmp_path):
+    run_ranks(_count_checks_and_load, 2, tiny_synthetic, tmp_path / 'r', tmp_path)
+    assert (tmp_path / 'checks').read_text().split() == ['0']  # 2 ('0', '1') before
+    videos = [(tmp_path / f'videos{r}').read_text() for r in range(2)]
+    assert videos[0] == videos[1] == '24'
+
+
+def test_a_failed_check_stops_every_rank_with_the_same_message(tiny_synthetic, tmp_path):
+    video_path, annotation_path = tiny_synthetic
+    copy = tmp_path / 'jpg'
+    shutil.copytree(video_path, copy)
+    gone = sorted(p for p in copy.glob('*/*') if p.is_dir())[0]
+    shutil.rmtree(gone)
+    run_ranks(_count_checks_and_load, 2, (copy, annotation_path), tmp_path / 'r', tmp_path)
+    errors = [(tmp_path / f'error{r}').read_text() for r in range(2)]
+    assert errors[0] == errors[1] and f'{gone}: folder missing' in errors[0]
+    assert (tmp_path / 'checks').read_text().split() == ['0']
