@@ -162,3 +162,53 @@ def test_the_gpu_decoder_matches_the_cpu_within_the_decoders_rounding(tiny_synth
     assert gpu_clips.is_cuda and gpu_clips.dtype == torch.uint8
     diff = (gpu_clips.cpu().int() - cpu_clips.int()).abs().float()
     assert diff.mean().item() <= 2.0, diff.mean().item()
+
+
+def _deferred_items(opt, record, subset_builder, n=4):
+    dataset, _ = subset_builder(opt, dataclasses.replace(record, decode_on_device=True))
+    return dataset, DeferredBatch(dataset[i][0] for i in range(n))
+
+
+def test_the_batched_full_size_decoder_path_on_the_cpu(tiny_synthetic, tmp_path):
+    """The GPU decoders' batching (one call for the batch, split back per item,
+    sizes checked, a failed batch searched for its corrupt frame) run with
+    torchvision's decode_jpeg on the CPU: at full size (32x32 frames to 32) the
+    worker path's clips exactly."""
+    from datasets.device_jpeg import TorchvisionCudaJpeg
+    opt, record = prepared(tiny_synthetic, tmp_path, '--n_threads', '0')
+    dataset, items = _deferred_items(opt, record, data.get_validation_data)
+    batched = TorchvisionCudaJpeg(torch.device('cpu'))
+    assert batched.factors == ()
+    got = BatchDecoder(dataset.spatial_transform, batched)(items)
+    assert torch.equal(got, BatchDecoder(dataset.spatial_transform, CpuJpeg())(items))
+    frames = items[1].frames
+    broken = list(frames.frames())
+    broken[2] = torch.tensor(list(b'not a jpeg'), dtype=torch.uint8)
+    other = frames._replace(data=torch.cat(broken), ends=torch.cat(
+        [torch.tensor([len(b) for b in broken])]).cumsum(0).tolist())
+    with pytest.raises(DataError) as e:
+        batched.decode([(items[0].frames, 1), (other, 1)])
+    assert str(e.value).startswith(f'frame {frames.names[2]} of video {frames.video} is corrupt')
+    small = frames._replace(frame_size=(16, 16))
+    with pytest.raises(DataError) as e:
+        batched.decode([(small, 1)])
+    assert 'have different sizes' in str(e.value) and frames.names[0] in str(e.value)
+
+
+def test_training_with_decoding_in_the_main_process_is_the_workers_training(
+        tiny_synthetic, tmp_path, monkeypatch):
+    """main.py with a loader worker, validation and inference: decoding in the
+    main process (what --decode_device cuda does, here with simplejpeg) trains
+    to the same weights and scores as decoding in the worker."""
+    import json
+    runs = ('workers', 'main')
+    for name in runs:
+        if name == 'main':
+            monkeypatch.setattr(data, 'decode_on_device', lambda opt, ctx: True)
+        main.main(tiny_args(*tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--inference'))
+    a, b = (torch.load(tmp_path / n / 'save_1.pth', weights_only=True)['state_dict'] for n in runs)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = (json.loads((tmp_path / n / 'val.json').read_text())['results'] for n in runs)
+    assert ra == rb
+    run = json.loads((tmp_path / 'main' / 'opts.json').read_text())['run']
+    assert run['decode_on_device'] is True
