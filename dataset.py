@@ -10,6 +10,7 @@ Where a clip comes from, in order:
   copies them to the device (normalized there with --normalize_on_device,
   utils/device_batches.py) for the model.
 """
+import datetime
 import random
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from utils.resumable_data import ResumableSampler, SeededSamples
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
 INDEX_CACHE_DIR = 'data_index'
+CHECK_WAIT = datetime.timedelta(hours=24)  # ranks waiting for their node's frame check
 
 
 def data_paths(opt, ctx):
@@ -94,6 +96,17 @@ def _records(opt, record, subset, ctx=None):
 
 
 def _records_once_per_node(opt, record, subset, ctx):
+    # The others wait as long as the check takes (--check_frames decode: hours
+    # on a large set), past the start-up collectives' 30 minutes: on a group
+    # of their own. A rank that dies meanwhile ends the job through its launcher.
+    waiting = dist.new_group(backend='gloo', timeout=CHECK_WAIT)
+    try:
+        return _check_on_local_rank_0(opt, record, subset, ctx, waiting)
+    finally:
+        dist.destroy_process_group(waiting)
+
+
+def _check_on_local_rank_0(opt, record, subset, ctx, group):
     built, failure, error = None, None, None
     if ctx.local_rank == 0:
         try:
@@ -102,7 +115,7 @@ def _records_once_per_node(opt, record, subset, ctx):
             failure = (type(e).__name__, str(e), ctx.rank)
             error = e
     failures = [None] * ctx.world_size
-    dist.all_gather_object(failures, failure, group=ctx.cpu_group)  # every rank waits here
+    dist.all_gather_object(failures, failure, group=group)  # every rank waits here
     first = next((f for f in failures if f is not None), None)
     if first is not None:
         if failure is not None:

@@ -50,3 +50,38 @@ def test_a_failed_check_stops_every_rank_with_the_same_message(tiny_synthetic, t
     errors = [(tmp_path / f'error{r}').read_text() for r in range(2)]
     assert errors[0] == errors[1] and f'{gone}: folder missing' in errors[0]
     assert (tmp_path / 'checks').read_text().split() == ['0']
+
+
+def _slow_check_under_a_short_timeout(rank, port, tiny, result, log_dir):
+    """Rank 0's check takes 8 s; the process group's collectives time out after 3 s."""
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=3))
+    checked = data.check_videos
+
+    def slow(*args, **kwargs):
+        time.sleep(8)
+        return checked(*args, **kwargs)
+    data.check_videos = slow
+    try:
+        ctx = DistContext(rank=rank, local_rank=rank, world_size=2,
+                          device=torch.device('cpu'), distributed=True)
+        _count_checks_and_load(ctx, tiny, result, log_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_others_wait_for_a_check_longer_than_the_collective_timeout(tiny_synthetic, tmp_path):
+    """--check_frames decode can take hours; the ranks waiting for it must not
+    fail at the start-up collectives' timeout (they did with 3 s here when the
+    wait was on the process group)."""
+    import torch.multiprocessing as mp
+
+    from utils.distributed import free_port
+    mp.spawn(_slow_check_under_a_short_timeout, nprocs=2, join=True,
+             args=(free_port(), tiny_synthetic, tmp_path / 'r', tmp_path))
+    assert [(tmp_path / f'videos{r}').read_text() for r in range(2)] == ['24', '24']
