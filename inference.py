@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from utils.distributed import eval_module, gather_objects_to_main
+from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.precision import autocast_context
 
 
@@ -173,3 +174,25 @@ def write_features(path, video_ids, features, n_views):
                          if features else np.zeros((0, 0), np.float32))
         f.create_dataset('video_ids', data=list(video_ids), dtype=h5py.string_dtype())
         f.create_dataset('n_views', data=np.asarray(n_views, dtype=np.int64))
+
+
+def report_inference(result_file, annotation_path, subset):
+    """The evaluation of a result file on the annotation's `subset`
+    ('validation', ...): top-1/top-5 (top-k up to the labels the file ranks,
+    with a note) and mean class accuracy printed; the per-class report and the
+    confusion picture written next to the result file (<stem>_report.txt,
+    <stem>_confusion.png)."""
+    evaluation = evaluate_file(annotation_path, result_file, subset, ks=(1, 5))
+    for line in evaluation.summary_lines():
+        # 'top-1 accuracy: 0.75 (3/4)' -> 'inference top-1 video accuracy on validation: ...'
+        name, value = line.split(': ', 1)
+        name = name.replace(' accuracy', ' video accuracy') if name.startswith('top-') else name
+        print(f'inference {name} on {subset}: {value}')
+    stem = result_file.with_suffix('')
+    stem.with_name(f'{stem.name}_report.txt').write_text(
+        '\n'.join(evaluation.summary_lines()) + '\n\n' +
+        format_report(evaluation.report, evaluation.class_names) + '\n')
+    save_confusion_png(evaluation.confusion, evaluation.class_names,
+                       stem.with_name(f'{stem.name}_confusion.png'))
+    print(f'per-class report and confusion matrix: {stem}_report.txt, {stem}_confusion.png',
+          flush=True)

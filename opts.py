@@ -411,6 +411,15 @@ def option_default(name, dataset=None):
     return build_parser().get_default(name)
 
 
+def option_defaults(dataset=None):
+    """Every option's default, as option_default gives them: what the library
+    (checkpoint.py), which never imports this module, tells given options by."""
+    defaults = vars(build_parser().parse_args([]))
+    if dataset == 'synthetic':
+        defaults.update(SYNTHETIC_DEFAULTS)
+    return defaults
+
+
 def opts_to_dict(opt):
     """JSON-safe dict of the options (paths as strings)."""
     return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(opt).items()}

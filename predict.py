@@ -94,18 +94,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
 
+from checkpoint import load_trained_model
 from datasets.annotation import VideoRecord, load_class_names
 from datasets.loader import make_loader
 from datasets.spatial_transforms import build_eval_transform, get_mean_std
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop
 from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
-from model import classifier_name, generate_model, load_state_dict_checked
-from opts import build_parser
-from utils.checkpoint import load_checkpoint
+from model import classifier_name
+from opts import option_defaults
 from utils.device_batches import DeviceLoader, ToDevice
-from utils.ema import inference_state_dict
-from utils.errors import USER_ERRORS, CheckpointError, DataError, OptionError
+from utils.errors import USER_ERRORS, DataError, OptionError
 
 HDF5_SUFFIXES = ('.hdf5', '.h5')
 
@@ -231,51 +230,11 @@ class InputLoader:
         return self.loaders[self.kinds[path]](path, positions)
 
 
-def stored_options(checkpoint, path):
-    """The options the checkpoint's run was started with, over today's defaults
-    (options added since then keep their defaults)."""
-    stored = checkpoint.get('opts')
-    if not isinstance(stored, dict):
-        raise CheckpointError(f'{path} holds no options ("opts"): it was not written by '
-                              f'main.py, so the architecture is unknown')
-    options = vars(build_parser().parse_args([]))
-    options.update(stored)
-    # the run's own values when it resumed without repeating them (main.py)
-    options.update({k: checkpoint[k] for k in ('n_classes', 'ft_begin_module') if k in checkpoint})
-    options['n_input_channels'] = 2 if options['input_type'] == 'flow' else 3
-    return argparse.Namespace(**options)
-
-
-def class_names_of(checkpoint, path, annotation_path=None):
-    if annotation_path is not None:
-        return load_class_names(annotation_path)
-    names = checkpoint.get('class_names')
-    if not names:
-        raise CheckpointError(f'{path} stores no class names (written before they were '
-                              f'saved): pass --annotation_path with the training annotation')
-    return list(names)
-
-
-def load_trained_model(path, annotation_path=None, device='cpu', weights='raw'):
-    """(network in eval mode on ``device``, its options, its class names);
-    weights='ema' takes the checkpoint's EMA weights (--ema_decay runs)."""
-    checkpoint = load_checkpoint(path)
-    options = stored_options(checkpoint, path)
-    class_names = class_names_of(checkpoint, path, annotation_path)
-    if len(class_names) != options.n_classes:
-        raise OptionError(f'{path} has {options.n_classes} classes but {len(class_names)} '
-                          f'class names were found: check --annotation_path')
-    model = generate_model(options)
-    state_dict = inference_state_dict(checkpoint, weights, f'checkpoint {path}', '--weights')
-    load_state_dict_checked(model, state_dict, f'checkpoint {path}', options)
-    return model.to(device).eval(), options, class_names
-
-
 def load_model(path, annotation_path, device, weights):
     """(network, options, class names, device) of a checkpoint, or of an .onnx
     file written by util_scripts.export (run by onnxruntime on the CPU)."""
     if Path(path).suffix != '.onnx':
-        return (*load_trained_model(path, annotation_path, device, weights), device)
+        return (*load_trained_model(path, option_defaults(), annotation_path, device, weights), device)
     if weights != 'raw':
         raise OptionError(f'{path} holds the weights it was exported with (export --weights): '
                           f'leave --weights out')

@@ -1,4 +1,5 @@
-"""One training epoch, the optimizer it steps and the settings the loops share."""
+"""One training epoch, the optimizer it steps and the settings the loops share;
+an epoch of a run: trained, validated and logged."""
 import contextlib
 import itertools
 import time
@@ -8,13 +9,16 @@ import torch
 from torch.optim import SGD, AdamW
 from tqdm import tqdm
 
+from datasets.bad_videos import SkipBadVideos
 from model import keep_frozen_eval
 from utils.distributed import all_reduce_sum, unwrap
 from utils.ema import update_ema
 from utils.errors import OptionError
+from utils.launch import log
 from utils.mix import MixConfig, mix_batch
 from utils.precise_bn import recompute_bn_stats
 from utils.precision import autocast_context
+from validation import describe_validation, validate
 
 
 @dataclass(frozen=True)
@@ -149,41 +153,42 @@ class EpochTotals:
 
 
 @dataclass
-class EpochExtras:
-    """What a step uses besides the optimizer: the EMA model (None: off) and the
-    numpy generator of the mixup/cutmix draws (seeded per rank and epoch); for
-    a mid-epoch resume the batches already done (the loader starts after
-    them) and the epoch's totals so far; after_step(batches_done), called
-    after each optimizer step but the epoch's last, ends the epoch there by
-    returning True (a stop signal)."""
+class Trainer:
+    """What the epoch loop steps, and what a checkpoint saves besides the
+    weights (checkpoint.py makes it and writes it): the optimizer, its
+    LRSchedule (None: a constant rate), the gradient scaler, the EMA model
+    (None: off), the numpy generator of this epoch's mixup/cutmix draws
+    (seeded per rank and epoch) and this process's running sums of the epoch
+    (None: from zero; a mid-epoch resume: the sums of the batches done)."""
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    scaler: torch.amp.GradScaler
     ema: object = None
     mix_rng: object = None
-    first_batch: int = 0
-    after_step: object = None
     totals: EpochTotals | None = None
 
 
-def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ctx, config,
-                batch_logger=None, tb_writer=None, extras=None):
-    """Trains one epoch; returns the epoch's loss, accuracy, lr, clips/s, the
-    fraction of time spent waiting for data (reduced over all ranks) and the
-    seconds the first step took (the compilation, with --compile).
-
-    `loader` yields (clips, targets) on the device: a DeviceLoader
+def train_epoch(epoch, loader, model, criterion, trainer, ctx, config, batch_logger=None,
+                tb_writer=None, first_batch=0, after_step=None):
+    """Trains one epoch from batch `first_batch` (a mid-epoch resume: the loader
+    starts after the batches done); returns the epoch's loss, accuracy, lr,
+    clips/s, the fraction of time spent waiting for data (reduced over all
+    ranks) and the seconds the first step took (the compilation, with --compile).
+    after_step(batches_done), called after each optimizer step but the epoch's
+    last, ends the epoch there by returning True (a stop signal). `loader`
+    yields (clips, targets) on the device: a DeviceLoader
     (utils/device_batches.py); the data wait includes queueing their copy.
 
-    schedule.after_step() and the EMA update follow every optimizer step that
-    ran (an fp16 scaler skips those with inf/nan gradients). Each micro-batch's
-    loss is divided by the number of micro-batches of its accumulation group
-    (the epoch's last group may have fewer than accumulation_steps).
-    With mixup/cutmix the accuracy is against each clip's dominant label.
-    """
-    extras = extras or EpochExtras()
+    The schedule's step and the EMA update follow every optimizer step that
+    ran (an fp16 scaler skips those with inf/nan gradients). Each
+    micro-batch's loss is divided by its accumulation group's size (the
+    epoch's last group may be smaller). With mixup/cutmix the accuracy is
+    against each clip's dominant label."""
+    optimizer, scaler, device, k = trainer.optimizer, trainer.scaler, ctx.device, config.accumulation_steps
     model.train()
     keep_frozen_eval(model, config.frozen_modules)
-    device, k = ctx.device, config.accumulation_steps
-    first, n_batches = extras.first_batch, extras.first_batch + len(loader)
-    totals = extras.totals or EpochTotals(device)
+    first, n_batches = first_batch, first_batch + len(loader)
+    totals = trainer.totals or EpochTotals(device)
     totals.start()
     report = BatchReport(epoch, n_batches, ctx.world_size, config.log_interval, batch_logger,
                          print_lines=ctx.is_main and not config.progress_bar, clips_before=totals.clips)
@@ -195,7 +200,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
         t0 = time.perf_counter()
         inputs, targets = next(batches)  # on the device (utils/device_batches.py)
         totals.wait_s += time.perf_counter() - t0
-        batch = mix_batch(inputs, targets, config.n_classes, config.mix, extras.mix_rng)
+        batch = mix_batch(inputs, targets, config.n_classes, config.mix, trainer.mix_rng)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1
         group = min(k, n_batches - i // k * k)  # micro-batches in this accumulation group
         no_sync = model.no_sync() if (ctx.distributed and not sync_now) else contextlib.nullcontext()
@@ -205,7 +210,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
                 loss = criterion(outputs.float(), batch.targets)
             scaler.scale(loss / group).backward()
         if sync_now:
-            step_and_follow(optimizer, scaler, config.clip_grad_norm, schedule, extras.ema, model)
+            step_and_follow(optimizer, scaler, config.clip_grad_norm, trainer.schedule, trainer.ema, model)
         if i == first:
             first_step_s = time.perf_counter() - t0
         with torch.no_grad():
@@ -215,7 +220,7 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
             report.add(i, loss, correct, n, lr_now)
         totals.clips += n
         bar.update(1)
-        stop = sync_now and i < n_batches - 1 and extras.after_step is not None and extras.after_step(i + 1)
+        stop = sync_now and i < n_batches - 1 and after_step is not None and after_step(i + 1)
         if report.due(i) or (stop and report.pending):
             report.flush(totals.clips, bar)
         if stop:
@@ -223,6 +228,55 @@ def train_epoch(epoch, loader, model, criterion, optimizer, schedule, scaler, ct
     bar.close()
     stats = _epoch_stats(totals, lr_now, ctx, epoch, tb_writer)
     return dict(stats, first_step_s=first_step_s)
+
+
+def train_and_validate(run, epoch, train_loader, trainer, logs, first_batch, after_step):
+    """One epoch of main.py's fit (`run`: its Run): trained from first_batch
+    (train_epoch's after_step ends it early), its BatchNorm statistics
+    recomputed (--precise_bn), validated, logged (`logs`: utils.logs.training_logs),
+    and the schedule stepped. Returns the validation statistics (None without
+    validation)."""
+    opt, ctx, tb_writer = run.opt, run.ctx, run.tb_writer
+    t0 = time.time()
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=opt.label_smoothing).to(ctx.device)
+    stats = train_epoch(epoch, train_loader, run.model, criterion, trainer, ctx, run.config,
+                        logs['batch'], tb_writer, first_batch, after_step)
+    if opt.compile and epoch == run.record.begin_epoch:
+        log(ctx, f'compile: the first training step took {stats["first_step_s"]:.1f} s '
+                 f'(compilation included)')
+    line = (f'epoch {epoch}/{opt.n_epochs} train loss {stats["loss"]:.4f} acc {stats["acc"]:.4f} '
+            f'lr {stats["lr"]:.4g} {stats["clips_per_s"]:.1f} clips/s data wait {stats["data_wait"]:.0%}')
+    line += count_skipped(run.datasets.train, ctx, tb_writer, epoch)
+    if ctx.is_main:
+        logs['train'].log(dict(epoch=epoch, **stats))
+    val_stats = None
+    if opt.precise_bn > 0:
+        precise_bn(run.model, train_loader, opt.precise_bn, ctx, run.config)
+    if run.val_loader is not None:
+        val_stats = validate(epoch, run.val_loader, run.model, trainer.ema, ctx, run.config, tb_writer,
+                             run.datasets.class_names)
+        line += ' | ' + describe_validation(val_stats)
+        if ctx.is_main:
+            logs['val'].log(dict(epoch=epoch, **val_stats))
+    log(ctx, line + f' ({time.time() - t0:.0f}s)')
+    # The schedule steps before the checkpoint is written, so a resumed run
+    # starts the next epoch with the right learning rate.
+    trainer.schedule.after_epoch(val_stats['loss'] if val_stats else stats['loss'])
+    if tb_writer is not None:
+        tb_writer.flush()
+    return val_stats
+
+
+def count_skipped(train_set, ctx, tb_writer, epoch):
+    """--on_bad_video skip: the samples replaced this epoch, over all ranks."""
+    if not isinstance(train_set, SkipBadVideos):
+        return ''
+    count = torch.tensor([float(train_set.take_skipped())], device=ctx.device)  # NCCL: on the GPU
+    total = all_reduce_sum(count, ctx)
+    skipped = int(total.item())
+    if tb_writer is not None:
+        tb_writer.add_scalar('train/skipped_samples', skipped, epoch)
+    return f' skipped {skipped} samples of bad videos' if skipped else ''
 
 
 def step_and_follow(optimizer, scaler, clip_grad_norm, schedule, ema, model):

@@ -5,7 +5,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from utils.distributed import all_reduce_sum, eval_module
+from utils.distributed import all_reduce_sum, broadcast_buffers, eval_module
 from utils.metrics import class_report, confusion_figure
 from utils.precision import autocast_context
 
@@ -59,6 +59,30 @@ def val_epoch(epoch, loader, model, ctx, config, tb_writer=None, class_names=Non
     if tb_writer is not None:
         log_to_tensorboard(tb_writer, stats, epoch, class_names)
     return stats
+
+
+def validate(epoch, loader, model, ema, ctx, config, tb_writer=None, class_names=None):
+    """The raw weights' validation statistics, with the EMA weights' loss and
+    video accuracy beside them (ema_loss, ema_acc) when there is an EMA, each
+    with rank 0's BatchNorm statistics (the checkpoint's) on every rank."""
+    broadcast_buffers(model, ctx)
+    if ema is not None:
+        broadcast_buffers(ema.module, ctx)
+    stats = val_epoch(epoch, loader, model, ctx, config, tb_writer, class_names)
+    if ema is not None:
+        ema_stats = val_epoch(epoch, loader, ema.module, ctx, config)
+        stats.update(ema_loss=ema_stats['loss'], ema_acc=ema_stats['acc'])
+        if tb_writer is not None:
+            tb_writer.add_scalar('val/ema_acc', ema_stats['acc'], epoch)
+    return stats
+
+
+def describe_validation(stats):
+    text = (f'val loss {stats["loss"]:.4f} video acc {stats["acc"]:.4f} '
+            f'clip acc {stats["clip_acc"]:.4f}')
+    if 'ema_acc' in stats:
+        text += f' ema video acc {stats["ema_acc"]:.4f}'
+    return text
 
 
 def add_to_confusion(confusion, targets, predictions, n_classes):

@@ -11,6 +11,7 @@ from opts import parse_opts
 from tests.conftest import tiny_args
 from utils.distributed import DistContext
 from utils.logs import read_tsv
+from utils.resumable_data import epoch_seed
 
 
 def parsed(tiny, tmp_path, *extra):
@@ -44,7 +45,7 @@ def test_ranks_augment_differently_and_repeatably(tiny_synthetic, tmp_path):
     train_set, _ = data.get_training_data(opt, record)
 
     def first_clip(rank, epoch):
-        data.seed_worker_rngs(main.epoch_seed(opt.manual_seed, rank, epoch))
+        data.seed_worker_rngs(epoch_seed(opt.manual_seed, rank, epoch))
         return train_set[0][0]
 
     assert not torch.equal(first_clip(0, 1), first_clip(1, 1))  # ranks differ

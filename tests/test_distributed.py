@@ -12,7 +12,7 @@ from datasets.samplers import ShardSampler
 from model import make_parallel
 from models import resnet
 from tests.dist_helpers import run_ranks
-from training import LoopConfig, OptimizerConfig, make_optimizer, train_epoch
+from training import LoopConfig, OptimizerConfig, Trainer, make_optimizer, train_epoch
 from utils import distributed as du
 from utils.device_batches import DeviceLoader, ToDevice
 from utils.distributed import CpuSyncBatchNorm, DistContext, convert_sync_batchnorm
@@ -65,7 +65,7 @@ def train(model_fn, ctx, sync_bn, accumulation_steps, per_rank_micro, out_path=N
     optimizer = make_optimizer(model, SGD_CONFIG)
     scaler = torch.amp.GradScaler('cpu', enabled=False)
     data = shard(batches(), ctx, per_rank_micro)
-    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None, scaler, ctx,
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), Trainer(optimizer, None, scaler), ctx,
                 loop_config(accumulation_steps))
     net = model.module if ctx.distributed else model
     params = {k: v.detach().clone() for k, v in net.named_parameters()}
@@ -224,9 +224,9 @@ def _val_loader(ctx, n_videos=7):
 def _train_then_validate(ctx, out_path):
     """Each rank trains on its half of every batch without synchronised BN (so
     the BatchNorm running statistics, and their EMA, differ per rank), then
-    validates through main.validate, as fit does."""
-    import main
+    validates through validation.validate, as main.py's fit does."""
     from utils.ema import make_ema, update_ema
+    from validation import validate
     model = make_parallel(tiny_resnet(), ctx, batchnorm_sync=False)
     optimizer = make_optimizer(model, SGD_CONFIG)
     ema = make_ema(model, 0.5)
@@ -239,7 +239,7 @@ def _train_then_validate(ctx, out_path):
     if ctx.rank == 0:  # what the checkpoint holds: rank 0's weights and buffers
         torch.save({'raw': du.unwrap(model).state_dict(), 'ema': ema.module.state_dict()},
                    out_path / 'state.pth')
-    stats = main.validate(1, _val_loader(ctx), model, ema, ctx, loop_config(), None, None)
+    stats = validate(1, _val_loader(ctx), model, ema, ctx, loop_config(), None, None)
     if ctx.rank == 0:
         torch.save(stats, out_path / 'stats.pth')
 

@@ -334,6 +334,7 @@ def test_bf16_on_a_gpu_below_compute_capability_8_is_refused_in_one_line(
     import torch
 
     from utils import distributed as du
+    from utils.precision import refuse_bf16_below_sm80
     monkeypatch.setattr(du, 'select_device', lambda no_cuda, local_rank: torch.device('cuda', 0))
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Tesla V100-SXM2-16GB')
@@ -345,4 +346,4 @@ def test_bf16_on_a_gpu_below_compute_capability_8_is_refused_in_one_line(
         assert len(err.strip().splitlines()) == 1
     else:
         opt = main.parse_opts(args)
-        main.refuse_bf16_below_sm80(opt, du.DistContext(device=torch.device('cuda', 0)))
+        refuse_bf16_below_sm80(opt.amp, opt.amp_dtype, torch.device('cuda', 0))

@@ -10,6 +10,8 @@ import torch
 
 import main
 import predict
+from checkpoint import load_trained_model
+from opts import option_defaults
 from tests.conftest import tiny_args
 from util_scripts import export
 from utils.exported import OnnxClassifier
@@ -75,7 +77,7 @@ def test_export_matches_pytorch(checkpoints, exports, arch, fmt):
         32, 8, ['batch', 3, 8, 32, 32])
     assert settings['mean'] == [0.5] * 3 and settings['std'] == [0.5] * 3  # --mean_dataset 0.5
     # the batch axis is dynamic
-    model, _, _ = predict.load_trained_model(checkpoints[arch])
+    model, _, _ = load_trained_model(checkpoints[arch], option_defaults())
     clips = torch.randn(5, 3, 8, 32, 32)
     with torch.no_grad():
         assert (exported(clips) - model(clips)).abs().max().item() <= 1e-4

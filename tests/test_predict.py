@@ -166,15 +166,13 @@ def test_report_after_inference(trained):
 def test_report_of_a_top_3_result_file_says_top_3(trained, tmp_path, capsys):
     """--output_topk 3 on 6 classes: main.py's report prints top-3 where top-5
     is asked for, and says why (it printed top-1 alone before)."""
-    from types import SimpleNamespace
+    from inference import report_inference
     _, annotation_path, out, _ = trained
     full = json.loads((out / 'val.json').read_text())
     top3 = {v: sorted(entries, key=lambda e: -e['score'])[:3]
             for v, entries in full['results'].items()}
     (tmp_path / 'val.json').write_text(json.dumps({'results': top3, 'views': full['views']}))
-    opt = SimpleNamespace(inference_subset='val', result_path=tmp_path, output_topk=3)
-    main.report_inference(opt, SimpleNamespace(annotation_path=annotation_path),
-                          tmp_path / 'val.json')
+    report_inference(tmp_path / 'val.json', annotation_path, 'validation')
     printed = capsys.readouterr().out.splitlines()
     # the lines keep their form (bench/gpu_checks_single.py reads top-1 from them)
     assert printed[0].startswith('inference top-1 video accuracy on validation: 0.')

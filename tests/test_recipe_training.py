@@ -13,7 +13,7 @@ import main
 from model import make_parallel
 from tests.conftest import tiny_args
 from tests.dist_helpers import run_ranks
-from training import EpochExtras, LoopConfig, optimizer_step, train_epoch
+from training import LoopConfig, Trainer, optimizer_step, train_epoch
 from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
 from utils.distributed import DistContext
 from utils.logs import read_tsv
@@ -176,7 +176,7 @@ def _train_compiled(ctx, out_path):
     scaler = torch.amp.GradScaler('cpu', enabled=False)
     data = [(x[ctx.rank * 2:(ctx.rank + 1) * 2], y[ctx.rank * 2:(ctx.rank + 1) * 2])
             for x, y in _batches()]
-    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None, scaler, ctx,
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), Trainer(optimizer, None, scaler), ctx,
                 LoopConfig(log_interval=100, progress_bar=False))
     if ctx.rank == 0:
         torch.save(model._orig_mod.module.state_dict(), out_path)
@@ -186,8 +186,8 @@ def test_compiled_ddp_equals_one_eager_process_with_the_global_batch(tmp_path):
     run_ranks(_train_compiled, 2, str(tmp_path / 'ddp.pt'))
     eager = _conv_net()
     optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
-    train_epoch(1, _batches(), eager, nn.CrossEntropyLoss(), optimizer, None,
-                torch.amp.GradScaler('cpu', enabled=False), DistContext(),
+    train_epoch(1, _batches(), eager, nn.CrossEntropyLoss(),
+                Trainer(optimizer, None, torch.amp.GradScaler('cpu', enabled=False)), DistContext(),
                 LoopConfig(log_interval=100, progress_bar=False))
     got = torch.load(tmp_path / 'ddp.pt', weights_only=True)
     for key, value in eager.state_dict().items():
@@ -232,8 +232,8 @@ def test_the_last_partial_accumulation_group_is_its_own_mean():
     data = _linear_batches(5)
     model = _linear_net()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, None,
-                torch.amp.GradScaler('cpu', enabled=False), DistContext(),
+    train_epoch(1, data, model, nn.CrossEntropyLoss(),
+                Trainer(optimizer, None, torch.amp.GradScaler('cpu', enabled=False)), DistContext(),
                 LoopConfig(accumulation_steps=2, log_interval=100, progress_bar=False))
     by_hand = _linear_net()
     reference = torch.optim.SGD(by_hand.parameters(), lr=1.0)
@@ -258,9 +258,8 @@ def test_a_step_the_fp16_scaler_skips_advances_neither_ema_nor_schedule():
     states = []
     optimizer.register_step_post_hook(
         lambda *_: states.append({k: v.clone() for k, v in model.state_dict().items()}))
-    train_epoch(1, data, model, nn.CrossEntropyLoss(), optimizer, schedule, scaler, DistContext(),
-                LoopConfig(log_interval=100, progress_bar=False),
-                extras=EpochExtras(ema=ema))
+    train_epoch(1, data, model, nn.CrossEntropyLoss(), Trainer(optimizer, schedule, scaler, ema),
+                DistContext(), LoopConfig(log_interval=100, progress_bar=False))
     assert scaler.get_scale() == 2.0 ** 7 and len(states) == 3  # step 2 skipped
     assert schedule.scheduler.last_epoch == 3 and ema.n_averaged == 4
     expected = dict(_linear_net().state_dict())

@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from checkpoint import FINE_TUNING_KEYS
 from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
 from utils.errors import CheckpointError
 
@@ -52,7 +53,7 @@ MODEL_AND_INPUT_OPTIONS = (
     'sample_size', 'sample_duration', 'sample_t_stride', 'value_scale', 'mean_dataset',
     'no_mean_norm', 'no_std_norm')
 # Carried over from the last file, as its epoch is (predict.py and resuming read them).
-CARRIED_KEYS = RUN_KEYS + ('arch', 'opts', 'ft_begin_module', 'ft_lr_ratio')
+CARRIED_KEYS = ('class_names', 'arch', 'opts', *FINE_TUNING_KEYS)
 
 
 def _settings(checkpoint):

@@ -64,6 +64,8 @@ if __name__ == '__main__':
 
 import torch
 
+from checkpoint import load_trained_model
+from opts import option_defaults
 from utils.errors import USER_ERRORS
 from utils.exported import INPUT_OPTIONS, OnnxClassifier
 
@@ -156,8 +158,7 @@ def max_difference(model, exported, options):
 
 def export(checkpoint, output, fmt, weights='raw', atol=1e-4):
     """Writes the export and returns the largest difference of its check."""
-    from predict import load_trained_model
-    model, options, class_names = load_trained_model(checkpoint, weights=weights)
+    model, options, class_names = load_trained_model(checkpoint, option_defaults(), weights=weights)
     meta = metadata(options, class_names, checkpoint)
     tmp = output.with_name(f'.{output.stem}.tmp{output.suffix}')  # torch.export wants .pt2
     start = time.perf_counter()

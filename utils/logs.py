@@ -1,7 +1,15 @@
-"""Tab-separated logs with 3D-ResNets-PyTorch's file names and columns."""
+"""A run's logs: tab-separated files with 3D-ResNets-PyTorch's names and
+columns (train.log, train_batch.log, val.log), cut back to the resumed
+checkpoint, and the TensorBoard writer."""
+import contextlib
 import csv
 import os
 from pathlib import Path
+
+LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
+TRAIN_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait']
+BATCH_LOG_COLUMNS = ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr']
+VAL_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'clip_acc']
 
 
 class TsvLogger:
@@ -96,3 +104,39 @@ def _keep_row(fields, n_columns, epoch_col, last_epoch, iter_col, last_iter):
     except ValueError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def training_logs(opt, ctx, with_val, last_epoch, last_iter=None):
+    """train.log, train_batch.log and val.log (rank 0; None elsewhere), closed
+    also when the run fails. Rows of epochs after last_epoch (the resumed
+    checkpoint's, or 0) are dropped first, and after a mid-epoch checkpoint the
+    batch rows after last_iter: the logs then equal an uninterrupted run's."""
+    with contextlib.ExitStack() as stack:
+        logs = dict(train=None, batch=None, val=None)
+        if ctx.is_main:
+            for name in LOG_NAMES:
+                if name == 'train_batch.log' and last_iter is not None:
+                    truncate_log(opt.result_path / name, last_epoch + 1, last_iter)
+                else:
+                    truncate_log(opt.result_path / name, last_epoch)
+            logs['train'] = stack.enter_context(TsvLogger(opt.result_path / 'train.log',
+                                                          TRAIN_LOG_COLUMNS))
+            logs['batch'] = stack.enter_context(TsvLogger(opt.result_path / 'train_batch.log',
+                                                          BATCH_LOG_COLUMNS))
+            if with_val:
+                ema_columns = ['ema_loss', 'ema_acc'] if opt.ema_decay > 0 else []
+                logs['val'] = stack.enter_context(TsvLogger(
+                    opt.result_path / 'val.log', [*VAL_LOG_COLUMNS, *ema_columns]))
+        yield logs
+
+
+def tensorboard_writer(opt, ctx, record):
+    """A SummaryWriter on rank 0 with --tensorboard (closed when the run ends or
+    fails), else None. A resumed run purges the events of the epochs it redoes
+    (every tag is logged per epoch), as the text logs are cut back."""
+    if not (opt.tensorboard and ctx.is_main):
+        return contextlib.nullcontext(None)
+    from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
+    purge_step = record.begin_epoch if record.resume_path is not None else None
+    return SummaryWriter(log_dir=str(opt.result_path), purge_step=purge_step)

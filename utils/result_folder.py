@@ -117,3 +117,18 @@ def refuse_or_clear_other_run(result_path, overwrite):
     for p in removed:
         p.unlink()
     return [p.name for p in removed]
+
+
+def claim_result_folder(result_path, lock):
+    """Rank 0 creates the folder and takes its lock: one run per folder. Then
+    it checks that files can be created there and deletes the temporaries of
+    checkpoint writes a killed run left."""
+    from utils.checkpoint import remove_stale_temporaries
+    try:
+        result_path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultFolderError(f'cannot create result folder {result_path} ({e.strerror}): '
+                                f'choose another --result_path') from None
+    lock.acquire()
+    check_writable(result_path)
+    remove_stale_temporaries(result_path)

@@ -19,6 +19,13 @@ def sample_seed(manual_seed, epoch, index):
     return ((manual_seed * 1_000_003 + epoch) * 1_000_033 + index) % (2**63)
 
 
+def epoch_seed(manual_seed, rank, epoch):
+    """The random state at the start of each (rank, epoch): model-side and
+    mixup draws, so a resumed run draws what the uninterrupted run drew. Each
+    clip's augmentation has a seed of its own (sample_seed)."""
+    return (manual_seed * 1_000_003 + rank * 10_007 + epoch) % (2**63)
+
+
 class SeededSamples(Dataset):
     """The training set with each sample drawn under sample_seed(seed, epoch,
     index); the global random states are left as they were (with no loader
