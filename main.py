@@ -44,7 +44,7 @@ from datasets.bad_videos import SkipBadVideos
 from datasets.frame_check import count_short_videos
 from inference import report_inference, run_inference, write_features
 from model import build_model, classifier_name, freeze_before, make_parallel
-from training import EpochTotals, LoopConfig, train_and_validate
+from training import EpochTotals, LoopConfig, LossWatch, train_and_validate
 from utils import distributed as du
 from utils.checkpoint import load_training_checkpoint, remove_stale_temporaries
 from utils.flops import count_gflops, count_parameters
@@ -267,11 +267,14 @@ def fit(run, checkpoint):
     with training_logs(opt, ctx, run.val_loader is not None, record.begin_epoch - 1,
                        last_iter if record.begin_batch else None) as logs, StopRequest() as stop:
         steps = StepCheckpoints(opt.checkpoint_steps, opt.accumulation_steps, stop, ctx, saver)
+        loss_watch = LossWatch(opt.learning_rate, record.begin_epoch)
         for epoch in range(record.begin_epoch, opt.n_epochs + 1):
             first_batch = record.begin_batch if epoch == record.begin_epoch else 0
             start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, first_batch)
-            val_stats = train_and_validate(run, epoch, train_loader, trainer, logs, first_batch,
-                                           lambda done, e=epoch: steps.after_step(e, done))
+            stats, val_stats = train_and_validate(run, epoch, train_loader, trainer, logs, first_batch,
+                                                  lambda done, e=epoch: steps.after_step(e, done))
+            if warning := loss_watch.check(epoch, stats['loss'], stats['first_loss']):
+                log(ctx, warning)
             if steps.stopped_at is not None:
                 raise Preempted(stop.signal_name or 'a signal to another rank', steps.stopped_at)
             stopping = agree_to_stop(stop.requested, ctx) and epoch < opt.n_epochs

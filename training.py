@@ -2,6 +2,7 @@
 an epoch of a run: trained, validated and logged."""
 import contextlib
 import itertools
+import math
 import time
 from dataclasses import dataclass
 
@@ -96,6 +97,7 @@ class BatchReport:
         self.epoch, self.n_batches, self.world_size = epoch, n_batches, world_size
         self.log_interval, self.batch_logger, self.print_lines = log_interval, batch_logger, print_lines
         self.pending, self.meta = [], []
+        self.first_loss = None  # of the first step reported
         # clips_before: the clips of the epoch a resumed run did not redo (its rate starts now)
         self.last_time, self.last_clips = time.perf_counter(), clips_before
 
@@ -108,6 +110,7 @@ class BatchReport:
 
     def flush(self, clips_seen, bar):
         values = torch.stack(self.pending).tolist()  # the one sync per interval
+        self.first_loss = values[0][0] if self.first_loss is None else self.first_loss
         if self.batch_logger is not None:
             self.batch_logger.log_many(
                 dict(epoch=self.epoch, batch=b, iter=step, loss=lv, acc=av, lr=lr)
@@ -150,6 +153,37 @@ class EpochTotals:
     def state_dict(self):
         return dict(sums=self.sums.cpu(), clips=self.clips, wait_s=self.wait_s,
                     train_s=self.seconds())
+
+
+class LossWatch:
+    """One warning when the training loss of a run's first epochs turns nan or
+    inf, or grows tenfold over the loss of its first step: most often the
+    learning rate is too high for the data (the default, 0.1, is sized for
+    batch 128 on Kinetics; a small data set can diverge with it)."""
+
+    def __init__(self, learning_rate, first_epoch, n_epochs=5):
+        self.learning_rate = learning_rate  # --learning_rate, as given
+        self.last_watched = first_epoch + n_epochs - 1
+        self.reference = None  # the loss of the run's first step
+        self.warned = False
+
+    def check(self, epoch, loss, first_loss):
+        """The warning line (once a run), or None, after an epoch of mean
+        training loss `loss` whose first step's was `first_loss`."""
+        if self.warned or epoch > self.last_watched:
+            return None
+        if self.reference is None and first_loss is not None and math.isfinite(first_loss):
+            self.reference = first_loss
+        if not math.isfinite(loss):
+            what = f'is {loss} in epoch {epoch}'
+        elif self.reference is not None and loss >= 10 * self.reference:
+            what = f'grew from {self.reference:.4g} (the first step) to {loss:.4g} (epoch {epoch})'
+        else:
+            return None
+        self.warned = True
+        lr = self.learning_rate
+        return (f'warning: the training loss {what}: the learning rate is likely too high for this '
+                f'data; give a smaller --learning_rate than {lr:g} (e.g. {lr / 10:g})')
 
 
 @dataclass
@@ -227,15 +261,15 @@ def train_epoch(epoch, loader, model, criterion, trainer, ctx, config, batch_log
             break
     bar.close()
     stats = _epoch_stats(totals, lr_now, ctx, epoch, tb_writer)
-    return dict(stats, first_step_s=first_step_s)
+    return dict(stats, first_step_s=first_step_s, first_loss=report.first_loss)
 
 
 def train_and_validate(run, epoch, train_loader, trainer, logs, first_batch, after_step):
     """One epoch of main.py's fit (`run`: its Run): trained from first_batch
     (train_epoch's after_step ends it early), its BatchNorm statistics
     recomputed (--precise_bn), validated, logged (`logs`: utils.logs.training_logs),
-    and the schedule stepped. Returns the validation statistics (None without
-    validation)."""
+    and the schedule stepped. Returns the epoch's training and validation
+    statistics (the latter None without validation)."""
     opt, ctx, tb_writer = run.opt, run.ctx, run.tb_writer
     t0 = time.time()
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=opt.label_smoothing).to(ctx.device)
@@ -264,7 +298,7 @@ def train_and_validate(run, epoch, train_loader, trainer, logs, first_batch, aft
     trainer.schedule.after_epoch(val_stats['loss'] if val_stats else stats['loss'])
     if tb_writer is not None:
         tb_writer.flush()
-    return val_stats
+    return stats, val_stats
 
 
 def count_skipped(train_set, ctx, tb_writer, epoch):

@@ -13,7 +13,7 @@ import main
 from model import make_parallel
 from tests.conftest import tiny_args
 from tests.dist_helpers import run_ranks
-from training import LoopConfig, Trainer, optimizer_step, train_epoch
+from training import LoopConfig, LossWatch, Trainer, optimizer_step, train_epoch
 from utils.checkpoint import load_checkpoint, save_checkpoint_atomic
 from utils.distributed import DistContext
 from utils.logs import read_tsv
@@ -267,3 +267,29 @@ def test_a_step_the_fp16_scaler_skips_advances_neither_ema_nor_schedule():
         expected = {k: 0.5 * v + 0.5 * state[k] for k, v in expected.items()}
     for key, value in ema.module.state_dict().items():
         assert torch.allclose(value, expected[key], atol=1e-6), key
+
+
+# ---- a diverging run: one warning naming --learning_rate ----------------------
+
+def test_the_loss_watch_warns_once_on_nan_or_tenfold_growth_in_the_first_epochs():
+    watch = LossWatch(0.1, first_epoch=1)
+    assert watch.check(1, 2.0, first_loss=2.3) is None  # falling: no
+    assert watch.check(2, 20.0, first_loss=1.5) is None  # 8.7x the run's first step: no
+    line = watch.check(3, 23.0, first_loss=20.0)
+    assert line == ('warning: the training loss grew from 2.3 (the first step) to 23 (epoch 3): the '
+                    'learning rate is likely too high for this data; give a smaller --learning_rate '
+                    'than 0.1 (e.g. 0.01)')
+    assert watch.check(4, float('nan'), 1.0) is None  # once a run
+    assert 'loss is nan in epoch 1:' in LossWatch(0.1, 1).check(1, float('nan'), float('nan'))
+    assert 'to 3.1e+09 (epoch 1)' in LossWatch(0.1, 1).check(1, 3.1e9, 1.8)  # within epoch 1
+    late = LossWatch(0.1, first_epoch=1)
+    assert late.check(1, 1.0, 1.8) is None and late.check(6, 100.0, 90.0) is None  # 5 epochs only
+    resumed = LossWatch(0.1, first_epoch=7)  # a resumed run watches its own first epochs
+    assert resumed.check(7, 1.0, 1.0) is None and 'epoch 8' in resumed.check(8, 10.0, 9.0)
+
+
+def test_a_diverging_run_names_the_learning_rate_once(tiny_synthetic, tmp_path, capsys):
+    run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--no_val', '--learning_rate', '1000')
+    lines = [line for line in capsys.readouterr().out.splitlines() if '--learning_rate' in line]
+    assert len(lines) == 1 and lines[0].startswith('warning: the training loss'), lines
+    assert 'than 1000 (e.g. 100)' in lines[0]
