@@ -26,19 +26,8 @@ if __name__ == '__main__':
 import numpy as np
 import torch
 
+import checkpoint as ckpt
 import dataset as data
-from checkpoint import (
-    CheckpointSaver,
-    StepCheckpoints,
-    check_resume_batch,
-    check_same_optimization,
-    fine_tuning_settings,
-    load_resumed_weights,
-    make_trainer,
-    restore_rank_state,
-    resume_path,
-    resumed_learning_rate,
-)
 from datasets.annotation import SUBSET_NAMES
 from datasets.bad_videos import SkipBadVideos
 from datasets.frame_check import count_short_videos
@@ -50,7 +39,14 @@ from utils.checkpoint import load_training_checkpoint, remove_stale_temporaries
 from utils.flops import count_gflops, count_parameters
 from utils.grad_checkpoint import enable_grad_checkpointing
 from utils.launch import launch, log, on_main_rank
-from utils.logs import VAL_LOG_COLUMNS, TsvLogger, tensorboard_writer, training_logs
+from utils.logs import (
+    VAL_LOG_COLUMNS,
+    TsvLogger,
+    tensorboard_writer,
+    training_logs,
+    where_curves_are,
+    write_hparams,
+)
 from utils.mix import MixConfig
 from utils.precision import make_deterministic, refuse_bf16_below_sm80
 from utils.preemption import Preempted, StopRequest, agree_to_stop
@@ -111,6 +107,8 @@ def run_stages(opt, ctx):
     if ctx.is_main:
         remove_stale_temporaries(opt.result_path)
     log(ctx, f'logs, checkpoints and opts.json are in {opt.result_path}')
+    if ctx.is_main and (curves := where_curves_are(opt.result_path, tb_writer)):
+        log(ctx, curves)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -132,23 +130,23 @@ def prepare(opt, ctx):
         # bf16 conv3d backward gave sporadic infinite weight gradients here.
         log(ctx, '--amp is ignored on CPU: training in float32')
     video_path, annotation_path = data.data_paths(opt, ctx)
-    resume = resume_path(opt, ctx)
+    resume = ckpt.resume_path(opt, ctx)
     if resume is None and not opt.no_train:
         on_main_rank(ctx, lambda: refuse_or_clear_other_run(opt.result_path, opt.overwrite))
     checkpoint = load_training_checkpoint(resume) if resume is not None else None
     if checkpoint is not None and not opt.no_train:
-        check_same_optimization(opt, checkpoint, resume)
+        ckpt.check_same_optimization(opt, checkpoint, resume)
     record = RunRecord(
         device=str(ctx.device), world_size=ctx.world_size,
         batch_per_process=data.per_process_batch(opt.batch_size, ctx),
-        learning_rate=resumed_learning_rate(opt, ctx, checkpoint, effective_learning_rate(opt, ctx),
-                                            defaults),
+        learning_rate=ckpt.resumed_learning_rate(opt, ctx, checkpoint, effective_learning_rate(opt, ctx),
+                                                 defaults),
         amp=opt.amp and ctx.device.type == 'cuda',
         normalize_on_device=opt.normalize_on_device == 'on' or
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
         decode_on_device=data.decode_on_device(opt, ctx),
         video_path=video_path, annotation_path=annotation_path,
-        resume_path=resume, **fine_tuning_settings(opt, checkpoint, resume, defaults))
+        resume_path=resume, **ckpt.fine_tuning_settings(opt, checkpoint, resume, defaults))
     return record, checkpoint
 
 
@@ -212,7 +210,7 @@ def restore(opt, ctx, record, checkpoint):
     torch.manual_seed(opt.manual_seed)
     model = build_model(opt, record.n_classes, pretrained=record.resume_path is None)
     if checkpoint is not None:
-        load_resumed_weights(model, checkpoint, opt, record)
+        ckpt.load_resumed_weights(model, checkpoint, opt, record)
     elif opt.no_train and opt.inference_weights == 'ema':
         raise OptionError('--inference_weights ema without training needs --resume_path '
                           '(a checkpoint saved with --ema_decay)')
@@ -254,10 +252,10 @@ def fit(run, checkpoint):
     signal the run ends at the next optimizer step with a checkpoint (Preempted)."""
     opt, ctx, record = run.opt, run.ctx, run.record
     train_loader = data.make_train_loader(run.datasets.train, opt, ctx)
-    trainer = make_trainer(opt, ctx, record, run.model, checkpoint, len(train_loader),
-                           option_defaults(opt.dataset))
-    saver = CheckpointSaver(opt, ctx, record, run.model, trainer, run.datasets.class_names)
-    check_resume_batch(record, len(train_loader))
+    trainer = ckpt.make_trainer(opt, ctx, record, run.model, checkpoint, len(train_loader),
+                                option_defaults(opt.dataset))
+    saver = ckpt.CheckpointSaver(opt, ctx, record, run.model, trainer, run.datasets.class_names)
+    ckpt.check_resume_batch(record, len(train_loader))
     if run.config.mix.enabled:
         log(ctx, 'mixup/cutmix: the training accuracy is against each clip\'s dominant label')
     if record.begin_epoch > opt.n_epochs:
@@ -265,8 +263,8 @@ def fit(run, checkpoint):
                  f'nothing to train')
     last_iter = (record.begin_epoch - 1) * len(train_loader) + record.begin_batch
     with training_logs(opt, ctx, run.val_loader is not None, record.begin_epoch - 1,
-                       last_iter if record.begin_batch else None) as logs, StopRequest() as stop:
-        steps = StepCheckpoints(opt.checkpoint_steps, opt.accumulation_steps, stop, ctx, saver)
+                       last_iter if record.begin_batch else None, last_iter) as logs, StopRequest() as stop:
+        steps = ckpt.StepCheckpoints(opt.checkpoint_steps, opt.accumulation_steps, stop, ctx, saver)
         loss_watch = LossWatch(opt.learning_rate, record.begin_epoch)
         for epoch in range(record.begin_epoch, opt.n_epochs + 1):
             first_batch = record.begin_batch if epoch == record.begin_epoch else 0
@@ -281,6 +279,8 @@ def fit(run, checkpoint):
             path = saver.after_epoch(epoch, val_stats, force=stopping)
             if stopping:
                 raise Preempted(stop.signal_name or 'a signal to another rank', path)
+    if run.tb_writer is not None and record.begin_epoch <= opt.n_epochs:
+        write_hparams(run.tb_writer, opt, ctx.world_size, opt.n_epochs, stats, val_stats)
     return trainer.ema
 
 
@@ -293,7 +293,7 @@ def start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, fir
     start_epoch(train_loader.loader, epoch, first_batch)
     trainer.mix_rng = np.random.default_rng([seed, 1])
     trainer.totals = EpochTotals(ctx.device)
-    if first_batch and not restore_rank_state(checkpoint, ctx, trainer):
+    if first_batch and not ckpt.restore_rank_state(checkpoint, ctx, trainer):
         # Not this run's streams: fresh ones for the rest of the epoch (not a
         # replay of the epoch's first draws).
         data.seed_worker_rngs((seed * 1_000_033 + first_batch) % (2**63))

@@ -47,21 +47,85 @@ def test_end_to_end_outputs(tiny_synthetic, tmp_path):
     assert list(result.glob('events.out.tfevents.*'))
 
 
-def _tb_scalars(result):
+def _tb_events(result):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(result))
     acc.Reload()
+    return acc
+
+
+def _tb_scalars(result):
+    acc = _tb_events(result)
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
+
+
+def _tb_steps(result):
+    """{tag: [(step, value)]}"""
+    acc = _tb_events(result)
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
 
 
 def test_resumed_tensorboard_has_each_epoch_once(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--checkpoint', '1', '--tensorboard', '--no_val')
     before = _tb_scalars(tmp_path)['train/loss']
+    steps_before = _tb_steps(tmp_path / 'train_steps')['train_step/loss']
     run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--checkpoint', '1', '--tensorboard', '--no_val',
         '--resume_path', str(tmp_path / 'save_1.pth'))
     after = _tb_scalars(tmp_path)['train/loss']
     assert len(after) == 3  # epochs 2 and 3 replaced, not appended
     assert after == pytest.approx(before)  # and the resumed run is exact
+    steps_after = _tb_steps(tmp_path / 'train_steps')['train_step/loss']  # so are the steps'
+    assert [s for s, _ in steps_after] == [2, 3, 5, 6, 8, 9] == [s for s, _ in steps_before]
+    assert [v for _, v in steps_after] == pytest.approx([v for _, v in steps_before])
+
+
+def test_tensorboard_has_the_steps_and_the_hyper_parameters(tiny_synthetic, tmp_path, capsys):
+    """3 batches an epoch, --log_interval 2: a point after batches 2 and 3 of
+    each epoch, each the mean of its interval's rows of train_batch.log."""
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--tensorboard', '--multistep_milestones', '1')
+    steps = _tb_steps(tmp_path / 'train_steps')
+    rows = read_tsv(tmp_path / 'train_batch.log')
+    for key in ('loss', 'acc'):
+        values = [float(r[key]) for r in rows]
+        means = [sum(values[0:2]) / 2, values[2], sum(values[3:5]) / 2, values[5]]
+        assert [s for s, _ in steps[f'train_step/{key}']] == [2, 3, 5, 6]
+        assert [v for _, v in steps[f'train_step/{key}']] == pytest.approx(means, abs=1e-5)
+    assert [v for _, v in steps['train_step/lr']] == pytest.approx([0.01, 0.01, 0.001, 0.001])
+    val_log, train_log = read_tsv(tmp_path / 'val.log'), read_tsv(tmp_path / 'train.log')
+    scalars = _tb_steps(tmp_path)
+    assert scalars['hparams/val_acc'] == [(2, pytest.approx(float(val_log[-1]['acc']), abs=1e-5))]
+    assert scalars['hparams/train_loss'] == [(2, pytest.approx(float(train_log[-1]['loss']), abs=1e-5))]
+    content = _tb_events(tmp_path).PluginTagToContent('hparams')
+    start = HParamsPluginData.FromString(content['_hparams_/session_start_info']).session_start_info
+    assert start.hparams['learning_rate'].number_value == 0.01
+    assert start.hparams['arch'].string_value == 'resnet-10'
+    out = capsys.readouterr().out
+    assert f'TensorBoard events: {tmp_path}/events.out.tfevents.' in out
+    assert f'view them with: tensorboard --logdir {tmp_path}' in out
+    assert not (tmp_path / 'curves.png').exists()
+
+
+def test_without_tensorboard_curves_png_is_redrawn_after_every_epoch(tiny_synthetic, tmp_path, capsys,
+                                                                     monkeypatch):
+    from utils import logs
+    monkeypatch.setattr(logs, 'tensorboard_installed', lambda: False)  # --tensorboard, not installed
+    run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--tensorboard')
+    out = capsys.readouterr().out
+    assert 'note: --tensorboard needs the tensorboard package (pip install tensorboard)' in out
+    assert f'loss, accuracy and learning rate curves: {tmp_path / "curves.png"}' in out
+    first = (tmp_path / 'curves.png').read_bytes()
+    assert first[:4] == b'\x89PNG' and not list(tmp_path.rglob('events.out.tfevents.*'))
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--resume_path', str(tmp_path / 'save_1.pth'))
+    assert (tmp_path / 'curves.png').read_bytes() != first  # redrawn with epoch 2
+    drawn = logs.draw_curves(tmp_path)
+    train_log, val_log = read_tsv(tmp_path / 'train.log'), read_tsv(tmp_path / 'val.log')
+    assert drawn['loss: train'] == [(int(r['epoch']), float(r['loss'])) for r in train_log]
+    assert drawn['accuracy: validation (video)'] == [(int(r['epoch']), float(r['acc'])) for r in val_log]
+    assert drawn['learning rate: lr'] == [(1, 0.01), (2, 0.01)]
+    assert sorted(drawn) == ['accuracy: train (clip)', 'accuracy: validation (clip)',
+                             'accuracy: validation (video)', 'learning rate: lr', 'loss: train',
+                             'loss: validation']
 
 
 def test_tensorboard_records_real_lr(tiny_synthetic, tmp_path):

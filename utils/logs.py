@@ -1,8 +1,11 @@
 """A run's logs: tab-separated files with 3D-ResNets-PyTorch's names and
 columns (train.log, train_batch.log, val.log), cut back to the resumed
-checkpoint, and the TensorBoard writer."""
+checkpoint; with --tensorboard the event files (per-epoch scalars, per-step
+scalars, the hyper-parameters with the final metrics), without it
+curves.png."""
 import contextlib
 import csv
+import importlib.util
 import os
 from pathlib import Path
 
@@ -10,6 +13,8 @@ LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
 TRAIN_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait']
 BATCH_LOG_COLUMNS = ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr']
 VAL_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'clip_acc']
+STEP_RUN = 'train_steps'  # the per-step scalars' TensorBoard run: <result_path>/train_steps/
+CURVES_NAME = 'curves.png'  # drawn when TensorBoard is off
 
 
 class TsvLogger:
@@ -107,11 +112,13 @@ def _keep_row(fields, n_columns, epoch_col, last_epoch, iter_col, last_iter):
 
 
 @contextlib.contextmanager
-def training_logs(opt, ctx, with_val, last_epoch, last_iter=None):
-    """train.log, train_batch.log and val.log (rank 0; None elsewhere), closed
-    also when the run fails. Rows of epochs after last_epoch (the resumed
-    checkpoint's, or 0) are dropped first, and after a mid-epoch checkpoint the
-    batch rows after last_iter: the logs then equal an uninterrupted run's."""
+def training_logs(opt, ctx, with_val, last_epoch, last_iter=None, resumed_step=0):
+    """train.log, train_batch.log (a BatchLog) and val.log (rank 0; None
+    elsewhere), closed also when the run fails. Rows of epochs after
+    last_epoch (the resumed checkpoint's, or 0) are dropped first, and after a
+    mid-epoch checkpoint the batch rows after last_iter: the logs then equal
+    an uninterrupted run's. resumed_step: the batches the checkpoint covers,
+    after which the per-step TensorBoard scalars are purged."""
     with contextlib.ExitStack() as stack:
         logs = dict(train=None, batch=None, val=None)
         if ctx.is_main:
@@ -122,8 +129,10 @@ def training_logs(opt, ctx, with_val, last_epoch, last_iter=None):
                     truncate_log(opt.result_path / name, last_epoch)
             logs['train'] = stack.enter_context(TsvLogger(opt.result_path / 'train.log',
                                                           TRAIN_LOG_COLUMNS))
-            logs['batch'] = stack.enter_context(TsvLogger(opt.result_path / 'train_batch.log',
-                                                          BATCH_LOG_COLUMNS))
+            steps = summary_writer(opt.result_path / STEP_RUN, resumed_step + 1 if resumed_step else None) \
+                if opt.tensorboard and tensorboard_installed() else None
+            logs['batch'] = stack.enter_context(BatchLog(
+                TsvLogger(opt.result_path / 'train_batch.log', BATCH_LOG_COLUMNS), steps))
             if with_val:
                 ema_columns = ['ema_loss', 'ema_acc'] if opt.ema_decay > 0 else []
                 logs['val'] = stack.enter_context(TsvLogger(
@@ -131,12 +140,120 @@ def training_logs(opt, ctx, with_val, last_epoch, last_iter=None):
         yield logs
 
 
+class BatchLog:
+    """train_batch.log's rows, and with TensorBoard (`writer`) every
+    --log_interval steps the interval's mean loss and accuracy and the
+    learning rate of its last step, against the global step ('iter'), as
+    train_step/loss, train_step/acc and train_step/lr."""
+
+    def __init__(self, tsv, writer=None):
+        self.tsv, self.writer = tsv, writer
+
+    def log_many(self, rows):
+        rows = list(rows)
+        self.tsv.log_many(rows)
+        if self.writer is None or not rows:
+            return
+        step = rows[-1]['iter']
+        for key in ('loss', 'acc'):
+            self.writer.add_scalar(f'train_step/{key}', sum(r[key] for r in rows) / len(rows), step)
+        self.writer.add_scalar('train_step/lr', rows[-1]['lr'], step)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.tsv.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def tensorboard_installed():
+    return importlib.util.find_spec('tensorboard') is not None
+
+
+def summary_writer(log_dir, purge_step=None):
+    from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+
 def tensorboard_writer(opt, ctx, record):
     """A SummaryWriter on rank 0 with --tensorboard (closed when the run ends or
     fails), else None. A resumed run purges the events of the epochs it redoes
-    (every tag is logged per epoch), as the text logs are cut back."""
+    (every tag of this run is logged per epoch; the per-step scalars are a run
+    of their own, STEP_RUN), as the text logs are cut back."""
     if not (opt.tensorboard and ctx.is_main):
         return contextlib.nullcontext(None)
-    from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
+    if not tensorboard_installed():
+        print('note: --tensorboard needs the tensorboard package (pip install tensorboard): '
+              f'{CURVES_NAME} is drawn instead', flush=True)
+        return contextlib.nullcontext(None)
     purge_step = record.begin_epoch if record.resume_path is not None else None
-    return SummaryWriter(log_dir=str(opt.result_path), purge_step=purge_step)
+    return summary_writer(opt.result_path, purge_step)
+
+
+# The hyper-parameters TensorBoard's HParams tab shows beside the final metrics.
+HPARAM_OPTIONS = ('arch', 'dataset', 'optimizer', 'lr_scheduler', 'learning_rate', 'batch_size',
+                  'accumulation_steps', 'n_epochs', 'weight_decay', 'momentum', 'label_smoothing',
+                  'mixup_alpha', 'cutmix_alpha', 'ema_decay', 'sample_size', 'sample_duration',
+                  'ft_begin_module')
+
+
+def write_hparams(writer, opt, world_size, epoch, train_stats, val_stats=None):
+    """The run's hyper-parameters (HPARAM_OPTIONS, and the process count) with
+    its final metrics (hparams/train_loss, train_acc, and with validation
+    val_loss, val_acc (video), val_clip_acc), at step `epoch`, as add_hparams
+    writes them but in this run's own event file."""
+    from torch.utils.tensorboard.summary import hparams
+    values = {key: getattr(opt, key) for key in HPARAM_OPTIONS} | {'world_size': world_size}
+    metrics = {'hparams/train_loss': train_stats['loss'], 'hparams/train_acc': train_stats['acc']}
+    if val_stats:
+        metrics.update({'hparams/val_loss': val_stats['loss'], 'hparams/val_acc': val_stats['acc'],
+                        'hparams/val_clip_acc': val_stats['clip_acc']})
+    for summary in hparams(values, metrics):
+        writer.file_writer.add_summary(summary, epoch)
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, epoch)
+    writer.flush()
+
+
+def draw_curves(result_path):
+    """CURVES_NAME in result_path: the training and validation loss, their
+    accuracies and the learning rate against the epoch, from train.log and
+    val.log (drawn after every epoch when TensorBoard is off; replaced
+    atomically). Returns the series drawn, {name: [(epoch, value)]}."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+    result_path = Path(result_path)
+    train, val = ([row for row in read_tsv(result_path / name) if row.get('epoch')]
+                  if (result_path / name).is_file() else [] for name in ('train.log', 'val.log'))
+    panels = {'loss': [('train', train, 'loss'), ('validation', val, 'loss')],
+              'accuracy': [('train (clip)', train, 'acc'), ('validation (video)', val, 'acc'),
+                           ('validation (clip)', val, 'clip_acc')],
+              'learning rate': [('lr', train, 'lr')]}
+    fig = Figure(figsize=(13, 3.8), dpi=100, layout='constrained')
+    drawn = {}
+    for ax, (title, lines) in zip(fig.subplots(1, 3), panels.items()):
+        for label, rows, column in lines:
+            points = [(int(r['epoch']), float(r[column])) for r in rows if r.get(column)]
+            if points:
+                ax.plot(*zip(*points), marker='o', markersize=3, label=label)
+                drawn[f'{title}: {label}'] = points
+        ax.set_title(title)
+        ax.set_xlabel('epoch')
+        ax.legend(fontsize=8)
+    tmp = result_path / f'.{CURVES_NAME}.tmp'
+    fig.savefig(tmp, format='png')
+    os.replace(tmp, result_path / CURVES_NAME)
+    return drawn
+
+
+def where_curves_are(result_path, writer):
+    """The end-of-run line about the curves: the event file and the command
+    that shows it (writer: the run's SummaryWriter), or curves.png."""
+    result_path = Path(result_path)
+    if writer is not None:
+        events = max(result_path.glob('events.out.tfevents.*'), key=os.path.getmtime)
+        return f'TensorBoard events: {events}; view them with: tensorboard --logdir {result_path}'
+    if (result_path / CURVES_NAME).is_file():
+        return f'loss, accuracy and learning rate curves: {result_path / CURVES_NAME}'
+    return None

@@ -81,7 +81,7 @@ def _read_owner(fd):
 
 # Files a run writes into its result folder; --overwrite deletes exactly these.
 RUN_FILES = ('opts.json', 'train.log', 'train_batch.log', 'val.log', 'train.json', 'val.json',
-             'test.json', 'best.pth', 'best.json')
+             'test.json', 'best.pth', 'best.json', 'curves.png')
 
 
 def check_writable(result_path):
@@ -114,6 +114,7 @@ def refuse_or_clear_other_run(result_path, overwrite):
             f'--overwrite to delete that run\'s checkpoints and logs and start clean')
     removed = checkpoints + [result_path / n for n in RUN_FILES if (result_path / n).exists()]
     removed += sorted(result_path.glob('events.out.tfevents.*'))
+    removed += sorted(result_path.glob('train_steps/events.out.tfevents.*'))  # utils/logs.py STEP_RUN
     for p in removed:
         p.unlink()
     return [p.name for p in removed]
