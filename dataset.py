@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from datasets.annotation import SUBSET_NAMES, check_videos
+from datasets.annotation import SUBSET_NAMES
 from datasets.device_jpeg import device_jpeg_decoder
-from datasets.frame_check import default_cache_dir
+from datasets.frame_check import check_videos, default_cache_dir
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std

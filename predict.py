@@ -22,7 +22,6 @@ every argument error answer at once, before torch is imported.
 # ruff: noqa: E402 -- the imports after the command-line parse are meant to be there
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -95,7 +94,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
 
 from checkpoint import load_trained_model
+from datasets import formats
 from datasets.annotation import VideoRecord, load_class_names
+from datasets.formats import VIDEO_EXTENSIONS, video_kind
 from datasets.loader import make_loader
 from datasets.spatial_transforms import build_eval_transform, get_mean_std
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop
@@ -106,8 +107,6 @@ from opts import option_defaults
 from utils.device_batches import DeviceLoader, ToDevice
 from utils.errors import USER_ERRORS, DataError, OptionError
 
-HDF5_SUFFIXES = ('.hdf5', '.h5')
-
 
 @dataclass(frozen=True)
 class VideoInput:
@@ -115,20 +114,6 @@ class VideoInput:
     path: str
     kind: str  # 'jpg', 'hdf5' or 'video'
     folder: str | None = None  # the folder it sits in under the folder searched (its class?)
-
-
-def _is_frame_folder(path):
-    with os.scandir(path) as entries:
-        return any(e.name.startswith('image_') and e.name.endswith('.jpg') for e in entries)
-
-
-def _kind(path):
-    if path.is_dir():
-        return 'jpg' if _is_frame_folder(path) else None
-    suffix = path.suffix.lower()
-    if suffix in HDF5_SUFFIXES:
-        return 'hdf5'
-    return 'video' if suffix in video_suffixes() else None
 
 
 def _name(path, kind):
@@ -141,7 +126,7 @@ def _walk(folder):
     for path in sorted(folder.iterdir()):
         if path.name.startswith('.'):  # also macOS '._x.mp4' resource forks
             continue
-        kind = _kind(path)
+        kind = video_kind(path)
         if kind is not None:
             yield path, kind
         elif path.is_dir():
@@ -155,11 +140,11 @@ def find_inputs(path):
     if not path.exists():
         raise DataError(f'{path} does not exist: give a video file, a frame folder, an hdf5 '
                         f'file or a folder of them')
-    kind = _kind(path)
+    kind = video_kind(path)
     if kind is not None:
         return [VideoInput(_name(path, kind), str(path), kind)]
     if not path.is_dir():
-        raise DataError(f'{path} is not a video this tool reads (a {", ".join(video_suffixes())}'
+        raise DataError(f'{path} is not a video this tool reads (a {", ".join(VIDEO_EXTENSIONS)}'
                         f' file, a folder of image_NNNNN.jpg frames or a .hdf5 file)')
     found = list(_walk(path))
     if not found:
@@ -186,27 +171,20 @@ def _named(root, found):
     return inputs
 
 
-def video_suffixes():
-    from datasets.video import VIDEO_EXTENSIONS
-    return VIDEO_EXTENSIONS
-
-
 def frame_count(video):
     """Number of frames of a VideoInput (decodes a video file only when its
     container does not say)."""
-    if video.kind == 'jpg':
-        with os.scandir(video.path) as entries:
-            return sum(e.name.startswith('image_') and e.name.endswith('.jpg') for e in entries)
-    if video.kind == 'hdf5':
-        import h5py
-        try:
-            with h5py.File(video.path, 'r') as f:
-                return len(f['video'] if 'video' in f else f['video_u'])
-        except (OSError, KeyError) as e:
-            raise DataError(f'{video.path} is not a video hdf5 file (datasets video or '
-                            f'video_u/video_v): {e}') from None
-    from datasets.video import count_frames
-    return count_frames(video.path)[0]
+    if video.kind != 'hdf5':
+        return formats.frame_count(video.path, video.kind)
+    try:
+        n = formats.frame_count(video.path, 'hdf5')
+    except OSError as e:
+        raise DataError(f'{video.path} is not a video hdf5 file (datasets video or '
+                        f'video_u/video_v): {e}') from None
+    if n is None:
+        raise DataError(f'{video.path} is not a video hdf5 file: it has no dataset video '
+                        f'(nor video_u/video_v)')
+    return n
 
 
 class InputLoader:

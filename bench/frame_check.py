@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torchvision.io import encode_jpeg
 
-from datasets.annotation import VideoRecord, check_videos
+from datasets.annotation import VideoRecord
+from datasets.frame_check import check_videos
 from utils.errors import DataError
 
 

@@ -16,33 +16,28 @@ Frame *positions* inside the library are 0-based: position ``p`` is
 
 Building records does not touch the file system (no stat per video; for
 ``file_type='video'`` one listing per class folder finds each video's
-extension); :func:`check_videos` verifies the videos up front with one stat
-(jpg) or one open (hdf5, video) per video.
+extension); :func:`datasets.frame_check.check_videos` verifies the videos up
+front with one stat (jpg) or one open (hdf5, video) per video.  The names of
+frame files, video extensions and hdf5 datasets are datasets/formats.py's.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import random
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from datasets.frame_check import check_frames, needed_ranges
+from datasets.formats import FILE_TYPES, VIDEO_EXTENSIONS, frame_count, video_files
 from utils.errors import DataError
 
-__all__ = ['DataError', 'VideoRecord', 'load_annotations', 'load_class_names',
-           'check_videos', 'frame_file_name', 'hdf5_frame_count', 'STANDARD_DATASETS',
+__all__ = ['VideoRecord', 'load_annotations', 'load_class_names', 'STANDARD_DATASETS',
            'SUBSETS', 'SUBSET_NAMES']
 
 STANDARD_DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'synthetic')
 SUBSETS = ('training', 'validation', 'testing')
 # The short names of --inference_subset and the tools' --subset.
 SUBSET_NAMES = {'train': 'training', 'val': 'validation', 'test': 'testing'}
-FILE_TYPES = ('jpg', 'hdf5', 'video')
 # ActivityNet: segments with fewer frames than this are dropped (as the predecessor did).
 ACTIVITYNET_MIN_FRAMES = 8
 
@@ -67,23 +62,6 @@ class VideoRecord:
     @property
     def positions(self) -> range:
         return range(self.first_frame, self.first_frame + self.n_frames)
-
-
-
-def frame_file_name(position: int) -> str:
-    """File name of 0-based frame ``position`` in a jpg folder."""
-    return f'image_{position + 1:05d}.jpg'
-
-
-HDF5_FRAME_KEYS = ('video', 'video_u')  # rgb; flow has video_u and video_v of equal length
-
-
-def hdf5_frame_count(h5file) -> int | None:
-    """Frames in an open hdf5 video file, None when it has no frame dataset."""
-    for key in HDF5_FRAME_KEYS:
-        if key in h5file:
-            return len(h5file[key])
-    return None
 
 
 def _read_json(annotation_path) -> dict:
@@ -155,7 +133,7 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
 
     Paths: ``<video_path>/<label>/<video_id>`` (jpg), ``...<video_id>.hdf5``
     (hdf5) or ``...<video_id>.mp4`` / ``.avi`` / ... (video: the first of
-    datasets.video.VIDEO_EXTENSIONS that exists, in any case); entries without a label (test set) live under
+    datasets.formats.VIDEO_EXTENSIONS that exists, in any case); entries without a label (test set) live under
     ``<video_path>/test/``; an entry's ``video_path`` key overrides (relative to
     ``video_path`` unless absolute).  ActivityNet: ``<video_path>/v_<video_id>``.
 
@@ -246,26 +224,11 @@ def _suffixer(file_type: str):
         return lambda folder, video_id: folder / video_id
     if file_type == 'hdf5':
         return lambda folder, video_id: folder / f'{video_id}.hdf5'
-    from datasets.video import VIDEO_EXTENSIONS
-    rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
     listings: dict[Path, dict[str, str]] = {}
-
-    def listing(folder: Path) -> dict[str, str]:
-        names: dict[str, str] = {}
-        try:
-            entries = sorted(os.listdir(folder),
-                             key=lambda n: rank.get(os.path.splitext(n)[1].lower(), len(rank)))
-        except OSError:
-            return names
-        for name in entries:
-            stem, ext = os.path.splitext(name)
-            if ext.lower() in rank:
-                names.setdefault(stem, name)  # .mp4 before .avi before ... (any case)
-        return names
 
     def video_file(folder: Path, video_id: str) -> Path:
         if folder not in listings:
-            listings[folder] = listing(folder)
+            listings[folder] = video_files(folder)
         return folder / listings[folder].get(video_id, f'{video_id}{VIDEO_EXTENSIONS[0]}')
     return video_file
 
@@ -273,18 +236,7 @@ def _suffixer(file_type: str):
 def _count_frames(vpath: str, file_type: str):
     """Frame count of a video on disk (only for entries without a segment), None if absent."""
     try:
-        if file_type == 'video':
-            if not os.path.isfile(vpath):
-                return None
-            from datasets.video import count_frames
-            return count_frames(vpath)[0]
-        if file_type == 'jpg':
-            with os.scandir(vpath) as it:
-                return sum(1 for e in it if e.name.startswith('image_') and
-                           e.name.endswith('.jpg'))
-        import h5py
-        with h5py.File(vpath, 'r') as f:
-            return hdf5_frame_count(f)
+        return frame_count(vpath, file_type)
     except OSError:  # missing, a folder, not hdf5
         return None
 
@@ -334,94 +286,3 @@ def _activitynet_records(data, database, class_names, path, subset, video_path, 
     if not records:
         raise _empty_subset_error(path, subset, database)
     return records
-
-
-# ----------------------------------------------------------------------------- checks
-
-def _check_video_file(path: str) -> str | None:
-    """Opens the container.  Its frame count is not compared with the segment:
-    counts differ between tools (an annotation built from ffmpeg-extracted
-    frames may list a frame more) and the loader loop-pads past the real end."""
-    from datasets.video import container_frames
-    try:
-        container_frames(path)
-    except DataError as e:
-        return str(e)
-    return None
-
-
-def _check_one(item) -> str | None:
-    path, needed, file_type = item
-    if file_type == 'video':
-        return _check_video_file(path)
-    if file_type == 'jpg':
-        last = os.path.join(path, frame_file_name(needed - 1))
-        try:
-            os.stat(last)
-            return None
-        except OSError:
-            pass
-        if not os.path.isdir(path):
-            return f'{path}: folder missing'
-        return f'{path}: needs {needed} frames but {frame_file_name(needed - 1)} is missing'
-    try:
-        import h5py
-        with h5py.File(path, 'r') as f:
-            n = hdf5_frame_count(f)
-    except OSError as e:
-        if not os.path.exists(path):
-            return f'{path}: file missing'
-        return f'{path}: cannot be opened as hdf5 ({e})'
-    if n is None:
-        return f'{path}: no "video" (or "video_u") dataset'
-    if n < needed:
-        return f'{path}: needs {needed} frames but has {n}'
-    return None
-
-
-def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
-                 n_sample: int | None = None, max_listed: int = 5,
-                 n_threads: int = 16, mode: str = 'last', input_type: str = 'rgb',
-                 cache_dir=None) -> None:
-    """Verify that every video exists and has the frames its segment needs.
-
-    ``mode`` 'last': one look per video (jpg: stat the last needed
-    ``image_XXXXX.jpg``; hdf5: open and read the length; video: open the
-    container).  'all': jpg folders are listed once each (every needed frame
-    must be there), hdf5 and video files are looked at as by 'last'.
-    'decode': every needed frame is decoded.  See :mod:`datasets.frame_check`;
-    a clean 'all'/'decode' result is cached in ``cache_dir``.  Runs on a
-    thread pool so that network file systems are fast too.  ``n_sample``:
-    check only that many videos drawn at random (fixed seed).  Raises
-    :class:`DataError` listing the first bad videos.
-    """
-    listing = mode == 'decode' or (mode == 'all' and file_type == 'jpg')
-    if not listing:
-        needed: dict[str, int] = {}
-        for r in records:
-            end = r.first_frame + r.n_frames
-            if needed.get(r.path, -1) < end:
-                needed[r.path] = end
-        items = [(p, n, file_type) for p, n in needed.items()]
-    else:
-        items = list(needed_ranges(records).items())
-    if n_sample is not None and n_sample < len(items):
-        items = random.Random(0).sample(items, n_sample)
-    if listing:
-        problems = check_frames(items, mode, file_type, input_type, n_threads, cache_dir)
-    elif len(items) > 64 and n_threads > 1:
-        with ThreadPoolExecutor(n_threads) as pool:
-            problems = [p for p in pool.map(_check_one, items, chunksize=64) if p]
-    else:
-        problems = [p for p in map(_check_one, items) if p]
-    if problems:
-        fix = ('re-extract the frames of these videos (util_scripts generate_video_jpgs / '
-               'generate_video_hdf5) and rebuild the annotation file, or remove their entries; '
-               'also check --video_path and --file_type')
-        listed = '\n  '.join(problems[:max_listed])
-        more = f'\n  ... and {len(problems) - max_listed} more' \
-            if len(problems) > max_listed else ''
-        raise DataError(f'{len(problems)} of {len(items)} videos are missing, too short or '
-                        f'unreadable ({file_type}, --check_frames {mode}):\n  {listed}{more}\n'
-                        f'Fix: {fix}')
-

@@ -1,4 +1,5 @@
-"""Up-front check that every frame a run will read is there (--check_frames).
+"""Up-front check that every frame a run will read is there (--check_frames):
+:func:`check_videos`, which dataset.py runs on each subset's records.
 
 * ``last``: one stat per video, of the last needed frame (the check before
   --check_frames existed).
@@ -19,10 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
+from datasets.annotation import VideoRecord
+from datasets.formats import frame_count, frame_file_name
+from datasets.loader import make_loader
+from datasets.temporal_transforms import clip_span
+from datasets.video import container_frames
 from utils.errors import DataError
 
 MODES = ('last', 'all', 'decode')
@@ -63,7 +71,6 @@ class _FrameNames:
         self.names: list[str] = []
 
     def upto(self, end: int) -> list[str]:
-        from datasets.annotation import frame_file_name
         while len(self.names) < end:
             self.names.append(frame_file_name(len(self.names)))
         return self.names
@@ -128,7 +135,6 @@ def check_frames(items, mode: str = 'all', file_type: str = 'jpg', input_type: s
 
 def _make_check(mode: str, file_type: str, input_type: str, items):
     if mode == 'decode':
-        from datasets.loader import make_loader
         loader = make_loader(file_type, input_type)
         return lambda item: _check_decode(item[0], item[1], loader)
     if file_type != 'jpg':
@@ -152,9 +158,94 @@ def _write_cache(cache_file: Path, n_videos: int, mode: str) -> None:
 
 def count_short_videos(records, sample_duration: int, t_stride: int = 1) -> int:
     """Videos with fewer frames than one clip spans (their clips are loop-padded)."""
-    from datasets.temporal_transforms import clip_span
     span = clip_span(sample_duration, t_stride)
     n_frames = getattr(records, 'n_frames', None)  # a RecordTable's array
     if n_frames is not None and not callable(n_frames):
         return int((n_frames < span).sum())
     return sum(1 for r in records if r.n_frames < span)
+
+
+def _check_video_file(path: str) -> str | None:
+    """Opens the container.  Its frame count is not compared with the segment:
+    counts differ between tools (an annotation built from ffmpeg-extracted
+    frames may list a frame more) and the loader loop-pads past the real end."""
+    try:
+        container_frames(path)
+    except DataError as e:
+        return str(e)
+    return None
+
+
+def _check_one(item) -> str | None:
+    path, needed, file_type = item
+    if file_type == 'video':
+        return _check_video_file(path)
+    if file_type == 'jpg':
+        last = os.path.join(path, frame_file_name(needed - 1))
+        try:
+            os.stat(last)
+            return None
+        except OSError:
+            pass
+        if not os.path.isdir(path):
+            return f'{path}: folder missing'
+        return f'{path}: needs {needed} frames but {frame_file_name(needed - 1)} is missing'
+    try:
+        n = frame_count(path, 'hdf5')
+    except OSError as e:
+        if not os.path.exists(path):
+            return f'{path}: file missing'
+        return f'{path}: cannot be opened as hdf5 ({e})'
+    if n is None:
+        return f'{path}: no "video" (or "video_u") dataset'
+    if n < needed:
+        return f'{path}: needs {needed} frames but has {n}'
+    return None
+
+
+def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
+                 n_sample: int | None = None, max_listed: int = 5,
+                 n_threads: int = 16, mode: str = 'last', input_type: str = 'rgb',
+                 cache_dir=None) -> None:
+    """Verify that every video exists and has the frames its segment needs.
+
+    ``mode`` 'last': one look per video (jpg: stat the last needed
+    ``image_XXXXX.jpg``; hdf5: open and read the length; video: open the
+    container).  'all': jpg folders are listed once each (every needed frame
+    must be there), hdf5 and video files are looked at as by 'last'.
+    'decode': every needed frame is decoded.  See :mod:`datasets.frame_check`;
+    a clean 'all'/'decode' result is cached in ``cache_dir``.  Runs on a
+    thread pool so that network file systems are fast too.  ``n_sample``:
+    check only that many videos drawn at random (fixed seed).  Raises
+    :class:`DataError` listing the first bad videos.
+    """
+    listing = mode == 'decode' or (mode == 'all' and file_type == 'jpg')
+    if not listing:
+        needed: dict[str, int] = {}
+        for r in records:
+            end = r.first_frame + r.n_frames
+            if needed.get(r.path, -1) < end:
+                needed[r.path] = end
+        items = [(p, n, file_type) for p, n in needed.items()]
+    else:
+        items = list(needed_ranges(records).items())
+    if n_sample is not None and n_sample < len(items):
+        items = random.Random(0).sample(items, n_sample)
+    if listing:
+        problems = check_frames(items, mode, file_type, input_type, n_threads, cache_dir)
+    elif len(items) > 64 and n_threads > 1:
+        with ThreadPoolExecutor(n_threads) as pool:
+            problems = [p for p in pool.map(_check_one, items, chunksize=64) if p]
+    else:
+        problems = [p for p in map(_check_one, items) if p]
+    if problems:
+        fix = ('re-extract the frames of these videos (util_scripts generate_video_jpgs / '
+               'generate_video_hdf5) and rebuild the annotation file, or remove their entries; '
+               'also check --video_path and --file_type')
+        listed = '\n  '.join(problems[:max_listed])
+        more = f'\n  ... and {len(problems) - max_listed} more' \
+            if len(problems) > max_listed else ''
+        raise DataError(f'{len(problems)} of {len(items)} videos are missing, too short or '
+                        f'unreadable ({file_type}, --check_frames {mode}):\n  {listed}{more}\n'
+                        f'Fix: {fix}')
+

@@ -3,7 +3,7 @@
 Every loader is called as ``loader(video, positions) -> uint8 tensor (T, C, H, W)``
 with 0-based frame ``positions`` (they may repeat, e.g. loop padding: each
 distinct frame is read and decoded once, then indexed).  A missing or corrupt
-frame raises :class:`~datasets.annotation.DataError` naming the file and the
+frame raises :class:`~utils.errors.DataError` naming the file and the
 video; a clip is never silently shortened.
 
 The JPEG loaders (jpg folders, hdf5) also split a call in two:
@@ -31,8 +31,9 @@ import numpy as np
 import simplejpeg
 import torch
 
-from datasets.annotation import frame_file_name
+from datasets.formats import frame_file_name
 from datasets.spatial_transforms import DCT_FACTORS
+from datasets.video import VideoClipLoader
 from utils.errors import DataError
 
 __all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'EncodedClip', 'make_loader',
@@ -336,7 +337,6 @@ def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int
             loader.defer_decoding = defer_decoding
             return loader
         if file_type == 'video':
-            from datasets.video import VideoClipLoader
             return VideoClipLoader(short_side=short_side)
     elif input_type == 'flow':
         if file_type == 'hdf5':

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torchvision.io import encode_jpeg
 
-from datasets.annotation import frame_file_name
+from datasets.formats import frame_file_name
 
 __all__ = ['CLASSES', 'prepare_synthetic', 'render_video', 'video_seed',
            'ANNOTATION_NAME', 'STAMP_NAME']

@@ -1,4 +1,4 @@
-"""Reading frames straight from video files (.mp4, .avi, .webm, .mkv, ... VIDEO_EXTENSIONS) with PyAV.
+"""Reading frames straight from video files (datasets.formats.VIDEO_EXTENSIONS) with PyAV.
 
 PyAV's wheel carries FFmpeg's libraries: no ``ffmpeg`` binary and no system
 package is needed.  Frame *position* ``p`` is the ``p``-th frame (0-based) in
@@ -29,15 +29,9 @@ import torch
 
 from utils.errors import DataError
 
-__all__ = ['VIDEO_EXTENSIONS', 'FrameIndex', 'VideoClipLoader', 'container_frames',
+__all__ = ['FrameIndex', 'VideoClipLoader', 'container_frames',
            'count_frames', 'iter_frames', 'read_video', 'scaled_size', 'scan_frame_index']
 
-# The one list of video containers: the annotation builders (util_scripts) accept
-# these and the loader looks for <video_path>/<label>/<video_id><ext> with the first
-# of them present (in this order; the case of the extension does not matter).  Each
-# is in the frame-exactness corpus (tests/video_files.py, CORPUS).
-VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv', '.mpg', '.mpeg',
-                    '.3gp', '.wmv', '.ogv')
 # Containers whose header frame count is the number of coded frames (a sample table).
 EXACT_COUNT_FORMATS = ('mov', 'mp4')
 _REENCODE = 're-download or re-encode the video'  # true wherever it is read (DataError)

@@ -11,7 +11,8 @@ import torch
 from torchvision.io import encode_jpeg
 
 from datasets import loader as loader_module
-from datasets.annotation import VideoRecord, check_videos, load_annotations, load_class_names
+from datasets.annotation import VideoRecord, load_annotations, load_class_names
+from datasets.frame_check import check_videos
 from datasets.loader import Hdf5ClipLoader, Hdf5FlowLoader, JpgClipLoader, make_loader
 from datasets.spatial_transforms import build_eval_transform, build_train_transform
 from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop, TemporalRandomCrop
@@ -214,6 +215,34 @@ def test_check_videos(tmp_path):
             (folder / 'image_00002.jpg').write_bytes(b'x')
         many.append(VideoRecord(f'm{i}', str(folder), 0, 2, 0, (1, 3)))
     _raises_naming(lambda: check_videos(many, 'jpg'), 'm37', '1 of 80')
+
+
+def test_one_frame_counter_for_every_format(tmp_path):
+    """datasets/formats.py: what annotation.py, predict.py and util_scripts count."""
+    from datasets.formats import frame_count, frame_number, video_files, video_kind
+    from tests.video_files import write_video
+    jpg = write_jpg_video(tmp_path / 'jpg', 5)
+    (jpg / 'image_x.jpg').write_bytes(b'')  # not a frame file name
+    (jpg / 'notes.txt').write_text('')
+    hdf5 = write_hdf5_video(tmp_path / 'h.hdf5', 4)
+    flow = write_hdf5_video(tmp_path / 'f.hdf5', 3, flow=True)
+    with h5py.File(tmp_path / 'empty.hdf5', 'w') as f:
+        f.create_dataset('other', data=np.zeros(2))
+    video = write_video(tmp_path / 'clip.MP4', n_frames=6)
+    assert [frame_count(jpg, 'jpg'), frame_count(hdf5, 'hdf5'), frame_count(flow, 'hdf5'),
+            frame_count(video, 'video')] == [5, 4, 3, 6]
+    assert frame_count(tmp_path / 'empty.hdf5', 'hdf5') is None
+    for path, kind in ((tmp_path / 'nope', 'jpg'), (tmp_path / 'nope.hdf5', 'hdf5'),
+                       (tmp_path / 'nope.mp4', 'video')):
+        with pytest.raises(OSError):
+            frame_count(path, kind)
+    assert [frame_number('image_00012.jpg'), frame_number('image_x.jpg'),
+            frame_number('img_00001.jpg')] == [12, None, None]
+    assert [video_kind(jpg), video_kind(hdf5), video_kind(video), video_kind(tmp_path / 'a.txt'),
+            video_kind(tmp_path / 'b.h5'), video_kind(tmp_path / 'b.h5', ('.hdf5',))] == \
+        ['jpg', 'hdf5', 'video', None, 'hdf5', None]
+    (tmp_path / 'clip.avi').write_bytes(b'')
+    assert video_files(tmp_path) == {'clip': 'clip.MP4'}  # .mp4 before .avi, in any case
 
 
 # ----------------------------------------------------------------------------- loaders

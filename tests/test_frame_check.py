@@ -3,8 +3,8 @@ import shutil
 
 import pytest
 
-from datasets.annotation import VideoRecord, check_videos
-from datasets.frame_check import check_frames, count_short_videos, needed_ranges
+from datasets.annotation import VideoRecord
+from datasets.frame_check import check_frames, check_videos, count_short_videos, needed_ranges
 from tests.test_datasets import write_hdf5_video, write_jpg_video
 from utils.errors import DataError
 

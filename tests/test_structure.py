@@ -16,13 +16,6 @@ MAX_MAIN_LINES = 350
 # The command lines: they may import opts.py; everything else is the library.
 ENTRY_POINTS = {'main', 'predict'}
 ENTRY_PACKAGES = ('util_scripts', 'bench', 'tests')
-# The one cycle left, papered over by imports inside functions: the vocabulary
-# of datasets/annotation.py (frame file names) is shared with the modules that
-# check and load the frames. The datasets restructuring (issue 16, item 1)
-# gives that vocabulary a module of its own and deletes this entry; the test
-# fails once the cycle is gone, so that the exception goes with it.
-KNOWN_CYCLE = frozenset({'datasets.annotation', 'datasets.frame_check', 'datasets.loader',
-                         'datasets.video'})
 # Exception classes outside utils/errors.py that are not user-facing errors:
 # a stop request that unwinds the run, and the models' depth check, which
 # model.py turns into an OptionError naming the option. (bench/ has its own.)
@@ -202,12 +195,8 @@ def _project_graph():
     return import_graph(modules, packages)
 
 
-def test_no_new_import_cycle():
-    cycles = import_cycles(_project_graph())
-    new = [sorted(c) for c in cycles if not c <= KNOWN_CYCLE]
-    assert new == []
-    assert any(c <= KNOWN_CYCLE for c in cycles), \
-        'the datasets/ import cycle is gone: delete KNOWN_CYCLE and its exception'
+def test_no_import_cycle():
+    assert [sorted(c) for c in import_cycles(_project_graph())] == []
 
 
 def test_the_library_does_not_import_opts():

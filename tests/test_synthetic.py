@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from datasets.annotation import check_videos, load_annotations
+from datasets.annotation import load_annotations
+from datasets.frame_check import check_videos
 from datasets.loader import JpgClipLoader
 from datasets.spatial_transforms import build_train_transform
 from datasets.synthetic import (

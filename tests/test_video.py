@@ -137,7 +137,8 @@ def synthetic_videos(tiny_synthetic, tmp_path_factory):
 
 
 def test_annotation_and_dataset_on_video_files(synthetic_videos):
-    from datasets.annotation import check_videos, load_annotations
+    from datasets.annotation import load_annotations
+    from datasets.frame_check import check_videos
     from datasets.loader import make_loader
     from datasets.temporal_transforms import TemporalEvenCrop
     from datasets.videodataset import VideoClipDataset
@@ -160,7 +161,8 @@ def test_annotation_and_dataset_on_video_files(synthetic_videos):
 
 
 def test_check_videos_names_missing_and_broken_files(synthetic_videos, tmp_path):
-    from datasets.annotation import check_videos, load_annotations
+    from datasets.annotation import load_annotations
+    from datasets.frame_check import check_videos
     root, annotation, _ = synthetic_videos
     records, _ = load_annotations(annotation, 'validation', tmp_path, 'ucf101',
                                   file_type='video')

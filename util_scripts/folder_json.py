@@ -28,6 +28,7 @@ import random
 import sys
 from pathlib import Path
 
+from datasets.formats import FILE_TYPES, VIDEO_EXTENSIONS, video_kind
 from utils.cli import Parser
 
 from .utils import (
@@ -42,32 +43,12 @@ from .utils import (
     write_annotation,
 )
 
-KINDS = ('jpg', 'hdf5', 'video')
-
-
-def video_extensions():
-    """The containers the --file_type video loader looks for, in its order."""
-    from datasets.video import VIDEO_EXTENSIONS
-    return tuple(VIDEO_EXTENSIONS)
-
-
-def _kind_of(entry, extensions):
-    """'jpg', 'hdf5', 'video' or None for one entry of a class folder."""
-    if entry.is_dir():
-        has_frames = any(p.name.startswith('image_') and p.name.endswith('.jpg')
-                         for p in entry.iterdir())
-        return 'jpg' if has_frames else None
-    suffix = entry.suffix.lower()  # IMG_0001.MP4, as phones name them
-    if suffix == '.hdf5':
-        return 'hdf5'
-    return 'video' if suffix in extensions else None
-
 
 def scan_tree(root):
     """{kind: {(class, name): path}} of the videos under root/<class>/, and
     the entries that are no video (relative paths)."""
-    extensions = video_extensions()
-    found = {kind: {} for kind in KINDS}
+    extensions = VIDEO_EXTENSIONS
+    found = {kind: {} for kind in FILE_TYPES}
     ignored = [p.name for p in sorted(root.iterdir())
                if p.is_file() and not p.name.startswith('.')]
     classes = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith('.')]
@@ -79,7 +60,7 @@ def scan_tree(root):
         for entry in entries:
             if entry.name.startswith('.'):  # also macOS '._x.mp4' resource forks
                 continue
-            kind = _kind_of(entry, extensions)
+            kind = video_kind(entry, hdf5_suffixes=('.hdf5',))  # the loaders read <id>.hdf5
             key = (folder.name, entry.stem if kind != 'jpg' else entry.name)
             if kind is None or key in found[kind]:
                 ignored.append(f'{folder.name}/{entry.name}')
@@ -98,7 +79,7 @@ def choose_kind(found, root, file_type):
         return file_type
     if not present:
         fail(f'{root} holds no video: expected <class>/<video>.mp4 (or '
-             f'{", ".join(video_extensions()[1:])}), <class>/<video>/image_00001.jpg or '
+             f'{", ".join(VIDEO_EXTENSIONS[1:])}), <class>/<video>/image_00001.jpg or '
              f'<class>/<video>.hdf5')
     if len(present) > 1:
         fail(f'{root} holds {" and ".join(f"{n} {k}" for k, n in present.items())} videos: '
@@ -209,7 +190,7 @@ def _relative_path(root, label, name, kind):
         return f'{label}/{name}'
     if kind == 'hdf5':
         return f'{label}/{name}.hdf5'
-    for ext in video_extensions():
+    for ext in VIDEO_EXTENSIONS:
         if (root / label / f'{name}{ext}').is_file():
             return f'{label}/{name}{ext}'
     raise AssertionError(f'{root / label / name}: measured but not found')
@@ -240,7 +221,7 @@ def parse_args(argv):
                    help='take the split from DIR/trainlist0N.txt and DIR/testlist0N.txt '
                         '(UCF-101 style) instead of drawing one')
     p.add_argument('--split', type=int, default=1, metavar='N', help='N of --splits\' files')
-    p.add_argument('--file_type', choices=KINDS, default=None,
+    p.add_argument('--file_type', choices=FILE_TYPES, default=None,
                    help='the kind of video to use when the tree holds several '
                         '(default: the one it holds)')
     args = p.parse_args(argv)

@@ -22,6 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from datasets.formats import frame_file_name, frame_numbers
 from utils.cli import Parser
 from utils.errors import DataError
 
@@ -31,7 +32,6 @@ from .utils import (
     contiguous_frames,
     encoded_frames,
     fail,
-    frame_numbers,
     list_videos,
     require_dir,
     run_conversions,
@@ -65,12 +65,11 @@ def pack_frames(frame_dir, dst_file):
     if n != len(numbers):
         # Element i must be frame i + 1; a hole would shift every later
         # frame, so refuse rather than write a misaligned file.
-        return (f'image_{n + 1:05d}.jpg is missing in {frame_dir}; '
+        return (f'{frame_file_name(n)} is missing in {frame_dir}; '
                 'extract the video again')
     frames = []
     for i in range(n):
-        with open(os.path.join(frame_dir, f'image_{i + 1:05d}.jpg'),
-                  'rb') as f:
+        with open(os.path.join(frame_dir, frame_file_name(i)), 'rb') as f:
             frames.append(f.read())
     write_hdf5(frames, dst_file)
     return None

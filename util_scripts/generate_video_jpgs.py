@@ -18,6 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
+from datasets.formats import frame_file_name, frame_numbers
 from utils.cli import Parser
 from utils.errors import DataError
 
@@ -26,7 +27,6 @@ from .utils import (
     contiguous_frames,
     extract_frames,
     fail,
-    frame_numbers,
     list_videos,
     n_jobs_value,
     require_dir,
@@ -37,7 +37,7 @@ from .utils import (
 def is_done(dst_dir):
     # Output folders appear only by rename once complete; a folder without
     # frame 1 or with a gap (left by another tool) is redone.
-    if not (dst_dir / 'image_00001.jpg').is_file():
+    if not (dst_dir / frame_file_name(0)).is_file():
         return False
     numbers = frame_numbers(dst_dir)
     return contiguous_frames(numbers) == len(numbers)

@@ -12,11 +12,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from datasets.annotation import hdf5_frame_count
-from datasets.video import VIDEO_EXTENSIONS, count_frames, iter_frames
+from datasets.formats import (
+    FILE_TYPES,
+    VIDEO_EXTENSIONS,
+    frame_count,
+    frame_file_name,
+    frame_numbers,
+    video_files,
+)
+from datasets.video import count_frames, iter_frames
 from utils.errors import DataError
 
-# The containers --file_type video reads (one list for the builders and the loader).
 VIDEO_EXTS = set(VIDEO_EXTENSIONS)
 
 # ActivityNet keeps its videos in one flat folder, the others per class.
@@ -124,21 +130,6 @@ def write_annotation(dst_json_path, labels, database):
 
 # ---------------------------------------------------------------- frames
 
-def frame_numbers(video_dir):
-    """Sorted frame numbers N of the image_N.jpg files in video_dir."""
-    numbers = []
-    with os.scandir(video_dir) as it:
-        for entry in it:
-            name = entry.name
-            if name.startswith('image_') and name.endswith('.jpg'):
-                try:
-                    numbers.append(int(name[6:-4]))
-                except ValueError:
-                    continue
-    numbers.sort()
-    return numbers
-
-
 def contiguous_frames(numbers):
     """Number of frames 1..k present without a gap (numbers sorted)."""
     k = 0
@@ -149,13 +140,6 @@ def contiguous_frames(numbers):
     return k
 
 
-def hdf5_n_frames(path):
-    """Frames in an hdf5 video file, or None when it has no frame dataset."""
-    import h5py  # only needed for hdf5 data; keeps jpg-only runs light
-    with h5py.File(path, 'r') as f:
-        return hdf5_frame_count(f)
-
-
 # Why video_segment() gives no usable segment, or truncates one.
 PROBLEMS = {
     'missing': 'not found, skipped',
@@ -164,7 +148,7 @@ PROBLEMS = {
     'gap': 'with a missing frame, segment cut before the gap',
     'undecodable': 'that cannot be decoded, skipped',
 }
-VIDEO_TYPES = ('jpg', 'hdf5', 'video')
+VIDEO_TYPES = FILE_TYPES
 
 
 def find_video_file(base):
@@ -174,14 +158,8 @@ def find_video_file(base):
         if os.path.isfile(base + ext):
             return base + ext
     folder, stem = os.path.split(base)
-    try:
-        names = [n for n in os.listdir(folder or '.') if os.path.splitext(n)[0] == stem]
-    except OSError:
-        return None
-    found = [n for n in names if os.path.splitext(n)[1].lower() in VIDEO_EXTS]
-    rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
-    found.sort(key=lambda n: rank[os.path.splitext(n)[1].lower()])
-    return os.path.join(folder, found[0]) if found else None
+    name = video_files(folder or '.').get(stem)
+    return os.path.join(folder, name) if name else None
 
 
 def video_file_segment(path):
@@ -219,7 +197,7 @@ def video_segment(video_root, label_dir, video_id, video_type=None):
         return [1, n + 1], None, None
     if video_type in (None, 'hdf5') and os.path.isfile(base + '.hdf5'):
         try:
-            n = hdf5_n_frames(base + '.hdf5')
+            n = frame_count(base + '.hdf5', 'hdf5')
         except OSError:
             n = None
         if n is None:
@@ -309,7 +287,7 @@ def extract_frames(video_path, out_dir, fps=-1, size=240, quality=95,
     n = 0
     for n, jpeg in enumerate(encoded_frames(video_path, fps, size, quality,
                                             threads), 1):
-        (out_dir / f'image_{n:05d}.jpg').write_bytes(jpeg)
+        (out_dir / frame_file_name(n - 1)).write_bytes(jpeg)
     if n == 0:
         raise DataError(f'{video_path}: no frame decoded (no video frames?)')
     return n

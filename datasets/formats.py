@@ -1,0 +1,113 @@
+"""What a video looks like on disk: the one definition of each name the
+annotation reader, the frame checks, the loaders, predict.py and the
+preparation tools (util_scripts) share.
+
+* ``jpg``: a folder of ``image_{p+1:05d}.jpg`` files; frame position ``p`` is 0-based.
+* ``hdf5``: a file whose dataset ``video`` holds the JPEG bytes of frame ``p`` at
+  element ``p`` (optical flow: ``video_u`` and ``video_v``, of equal length).
+* ``video``: a file with one of :data:`VIDEO_EXTENSIONS` (in any case; the first
+  present wins, in this order); position ``p`` is the ``p``-th frame in
+  presentation order (datasets/video.py).
+
+:func:`frame_count` counts the frames of a video of any of the three kinds.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+__all__ = ['FILE_TYPES', 'VIDEO_EXTENSIONS', 'HDF5_FRAME_KEYS', 'HDF5_SUFFIXES',
+           'frame_file_name', 'frame_number', 'frame_numbers', 'hdf5_frame_count',
+           'video_files', 'video_kind', 'frame_count']
+
+FILE_TYPES = ('jpg', 'hdf5', 'video')
+# The one list of video containers: the annotation builders (util_scripts) and
+# predict.py accept these and the loader looks for <video_path>/<label>/<video_id><ext>
+# with the first of them present.  Each is in the frame-exactness corpus
+# (tests/video_files.py, CORPUS).
+VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv', '.mpg', '.mpeg',
+                    '.3gp', '.wmv', '.ogv')
+HDF5_FRAME_KEYS = ('video', 'video_u')  # rgb; flow has video_u and video_v of equal length
+HDF5_SUFFIXES = ('.hdf5', '.h5')  # what predict.py takes for an hdf5 video
+_FRAME_PREFIX, _FRAME_SUFFIX = 'image_', '.jpg'
+
+
+def frame_file_name(position: int) -> str:
+    """File name of 0-based frame ``position`` in a jpg folder."""
+    return f'{_FRAME_PREFIX}{position + 1:05d}{_FRAME_SUFFIX}'
+
+
+def frame_number(name: str) -> int | None:
+    """N of a frame file ``image_N.jpg`` (1-based), None for any other name."""
+    if not (name.startswith(_FRAME_PREFIX) and name.endswith(_FRAME_SUFFIX)):
+        return None
+    digits = name[len(_FRAME_PREFIX):-len(_FRAME_SUFFIX)]
+    return int(digits) if digits.isdigit() else None
+
+
+def frame_numbers(folder) -> list[int]:
+    """Sorted numbers N of the image_N.jpg files in ``folder`` (OSError if it is
+    missing or not a folder)."""
+    with os.scandir(folder) as entries:
+        numbers = [frame_number(e.name) for e in entries]
+    return sorted(n for n in numbers if n is not None)
+
+
+def hdf5_frame_count(h5file) -> int | None:
+    """Frames in an open hdf5 video file, None when it has no frame dataset."""
+    for key in HDF5_FRAME_KEYS:
+        if key in h5file:
+            return len(h5file[key])
+    return None
+
+
+def video_files(folder) -> dict[str, str]:
+    """{stem: file name} of the video files in ``folder``, one listing: where
+    a stem has several, the first of VIDEO_EXTENSIONS (in any case); {} when
+    the folder cannot be listed."""
+    rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for name in sorted(names, key=lambda n: rank.get(os.path.splitext(n)[1].lower(), len(rank))):
+        stem, ext = os.path.splitext(name)
+        if ext.lower() in rank:
+            found.setdefault(stem, name)
+    return found
+
+
+def video_kind(path, hdf5_suffixes=HDF5_SUFFIXES) -> str | None:
+    """'jpg' (a folder holding image_N.jpg files), 'hdf5', 'video' (by the file's
+    extension, in any case: IMG_0001.MP4, as phones name them) or None."""
+    path = Path(path)
+    if path.is_dir():
+        with os.scandir(path) as entries:
+            return 'jpg' if any(frame_number(e.name) is not None for e in entries) else None
+    suffix = path.suffix.lower()
+    if suffix in hdf5_suffixes:
+        return 'hdf5'
+    return 'video' if suffix in VIDEO_EXTENSIONS else None
+
+
+def frame_count(path, file_type: str) -> int | None:
+    """Frames of one video on disk, numbered as the loaders number them: a jpg
+    folder's image_N.jpg files, an hdf5 file's frame dataset (None when it has
+    none), a video file's frames (datasets.video.count_frames: the container's
+    count where it is exact, else by decoding).  OSError when the folder or file
+    is missing or not of its kind; DataError when a video file does not decode."""
+    path = os.fspath(path)
+    if file_type == 'jpg':
+        return len(frame_numbers(path))
+    if file_type == 'hdf5':
+        import h5py  # only for hdf5 data: jpg-only runs stay light
+        with h5py.File(path, 'r') as f:
+            return hdf5_frame_count(f)
+    if file_type == 'video':
+        if not os.path.isfile(path):
+            raise FileNotFoundError(errno.ENOENT, 'no such video file', path)
+        from datasets.video import count_frames  # PyAV only for video files
+        return count_frames(path)[0]
+    raise ValueError(f'file_type must be one of {FILE_TYPES}, got {file_type!r}')
