@@ -95,7 +95,7 @@ from tqdm import tqdm
 
 from checkpoint import load_trained_model
 from datasets import formats
-from datasets.annotation import VideoRecord, load_class_names
+from datasets.annotation import VideoRecord, load_class_names, read_annotation, video_labels
 from datasets.formats import VIDEO_EXTENSIONS, video_kind
 from datasets.loader import make_loader
 from datasets.spatial_transforms import build_eval_transform, get_mean_std
@@ -358,16 +358,8 @@ def outcome(scores, records, class_names, topk, failures, with_features=False):
 
 def annotation_labels(annotation_path):
     """{video_id: label} of an annotation file's labelled entries (any subset)."""
-    with open(annotation_path) as f:
-        database = json.load(f).get('database') or {}
-    labels = {}
-    for video_id, entry in database.items():
-        annotations = (entry.get('annotations') or {}) if isinstance(entry, dict) else {}
-        if isinstance(annotations, list):  # ActivityNet: the first segment's class
-            annotations = annotations[0] if annotations else {}
-        if annotations.get('label') is not None:
-            labels[video_id] = annotations['label']
-    return labels
+    entries = video_labels(read_annotation(annotation_path, check='--annotation_path'))
+    return {video_id: label for video_id, (_, label) in entries.items() if label is not None}
 
 
 def true_labels(videos, class_names, annotation_path=None):

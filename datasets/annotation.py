@@ -31,8 +31,8 @@ from pathlib import Path
 from datasets.formats import FILE_TYPES, VIDEO_EXTENSIONS, frame_count, video_files
 from utils.errors import DataError
 
-__all__ = ['VideoRecord', 'load_annotations', 'load_class_names', 'STANDARD_DATASETS',
-           'SUBSETS', 'SUBSET_NAMES']
+__all__ = ['VideoRecord', 'read_annotation', 'video_labels', 'load_annotations',
+           'load_class_names', 'STANDARD_DATASETS', 'SUBSETS', 'SUBSET_NAMES']
 
 STANDARD_DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'synthetic')
 SUBSETS = ('training', 'validation', 'testing')
@@ -64,12 +64,17 @@ class VideoRecord:
         return range(self.first_frame, self.first_frame + self.n_frames)
 
 
-def _read_json(annotation_path) -> dict:
+_CHECK_PATH = ('--annotation_path (and --root_path, which is prefixed to it), or use '
+               '--dataset synthetic for the built-in data set')
+
+
+def read_annotation(annotation_path, check: str = _CHECK_PATH) -> dict:
+    """The parsed annotation file, its "database" an object: the one reader of
+    annotation files (training, inference, the evaluation, predict.py).  Raises
+    DataError naming the file; ``check`` says what to check when it is missing."""
     path = Path(annotation_path)
     if not path.is_file():
-        raise DataError(
-            f'annotation file {path} not found: check --annotation_path (and --root_path, '
-            f'which is prefixed to it), or use --dataset synthetic for the built-in data set')
+        raise DataError(f'annotation file {path} not found: check {check}')
     try:
         with path.open('r') as f:
             data = json.load(f)
@@ -79,7 +84,25 @@ def _read_json(annotation_path) -> dict:
     if not isinstance(data, dict) or 'database' not in data:
         raise DataError(f'annotation file {path} has no "database" key: it is not an '
                         f'annotation file of the expected format (labels + database)')
+    if not isinstance(data['database'], dict):
+        raise DataError(f'annotation file {path}: "database" must be an object '
+                        f'mapping video ids to entries')
     return data
+
+
+def video_labels(data: dict) -> dict[str, tuple[str | None, str | None]]:
+    """{video_id: (subset, class name or None)} of a read annotation file's
+    entries; an ActivityNet video's class is that of its first segment."""
+    labels = {}
+    for video_id, entry in data['database'].items():
+        if not isinstance(entry, dict):
+            continue
+        annotations = entry.get('annotations') or {}
+        if isinstance(annotations, list):
+            annotations = annotations[0] if annotations else {}
+        label = annotations.get('label') if isinstance(annotations, dict) else None
+        labels[video_id] = (entry.get('subset'), label)
+    return labels
 
 
 def _activitynet_class_names(data: dict, path) -> list[str]:
@@ -102,7 +125,7 @@ def _class_names(data: dict, path) -> list[str]:
 
 def load_class_names(annotation_path) -> list[str]:
     """Class names (index = class id) of an annotation file of either format."""
-    return _class_names(_read_json(annotation_path), annotation_path)
+    return _class_names(read_annotation(annotation_path), annotation_path)
 
 
 def _is_activitynet(dataset: str) -> bool:
@@ -145,12 +168,9 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
         raise DataError(f"subset must be one of {SUBSETS}, got {subset!r}")
     if file_type not in FILE_TYPES:
         raise DataError(f"file_type must be one of {FILE_TYPES}, got {file_type!r}")
-    data = _read_json(annotation_path)
+    data = read_annotation(annotation_path)
     class_names = _class_names(data, annotation_path)
     database = data['database']
-    if not isinstance(database, dict):
-        raise DataError(f'annotation file {annotation_path}: "database" must be an object '
-                        f'mapping video ids to entries')
     video_path = Path(video_path) if video_path is not None else Path('.')
     if _is_activitynet(dataset):
         records = _activitynet_records(data, database, class_names, annotation_path, subset,

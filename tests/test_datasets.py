@@ -155,6 +155,32 @@ def test_annotation_errors_name_file_and_video(tmp_path):
         load_annotations(only_train, 'training', v, 'youtube8m')
 
 
+def test_every_annotation_reader_fails_alike(tmp_path):
+    """Training, the evaluation (utils/video_accuracy.py) and predict.py read an
+    annotation file through one reader: one error type, one wording."""
+    from predict import annotation_labels
+    from utils.video_accuracy import load_ground_truth
+    readers = (lambda p: load_annotations(p, 'training', tmp_path, 'kinetics'),
+               load_class_names, lambda p: load_ground_truth(p, 'training'), annotation_labels)
+    broken = tmp_path / 'broken.json'
+    broken.write_text('{"labels": [')
+    no_db = tmp_path / 'nodb.json'
+    no_db.write_text(json.dumps({'labels': ['a']}))
+    listed = tmp_path / 'list.json'
+    listed.write_text(json.dumps({'labels': ['a'], 'database': []}))
+    for path, needle in ((tmp_path / 'nope.json', 'not found'), (broken, 'is not valid JSON'),
+                         (no_db, 'has no "database" key'), (listed, '"database" must be')):
+        for read in readers:
+            _raises_naming(lambda: read(path), f'annotation file {path}', needle)
+    anet = tmp_path / 'anet.json'
+    anet.write_text(json.dumps({'taxonomy': [], 'database': {
+        'a': {'subset': 'validation', 'annotations': [{'label': 'Surf', 'segment': [0, 1]},
+                                                      {'label': 'Cook', 'segment': [1, 2]}]},
+        'b': {'subset': 'validation', 'annotations': []}, 'c': 'not an entry'}}))
+    assert annotation_labels(anet) == {'a': 'Surf'}
+    assert load_ground_truth(anet, 'validation') == ({'a': 'Surf'}, [])
+
+
 def test_load_class_names_both_formats(tmp_path):
     ann = write_annotation(tmp_path / 'a.json', {}, labels=('b', 'a', 'c'))
     assert load_class_names(ann) == ['b', 'a', 'c']

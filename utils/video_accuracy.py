@@ -10,9 +10,10 @@ counts as wrong unless ignore=True restricts the evaluation to the videos in
 the results.
 """
 import json
+from collections import Counter
 from pathlib import Path
 
-from datasets.annotation import SUBSET_NAMES
+from datasets.annotation import SUBSET_NAMES, read_annotation, video_labels
 from utils.errors import DataError
 
 
@@ -32,32 +33,20 @@ def _load(path, what):
 
 
 def load_ground_truth(gt_path, subset):
-    """({video_id: label} of the subset's labelled videos, all labels)."""
-    data = _load(gt_path, 'ground-truth JSON')
-    if 'database' not in data:
-        raise ValueError(f'{gt_path} has no "database": not an annotation '
-                         'JSON')
-    ground_truth = {}
-    labelled = {}
-    for video_id, entry in data['database'].items():
-        annotations = entry.get('annotations') or {}
-        if isinstance(annotations, list):
-            # ActivityNet lists labelled segments; the video's class is
-            # that of its first segment.
-            annotations = annotations[0]
-        label = annotations.get('label')
-        labelled.setdefault(entry.get('subset'), 0)
-        if label is None:
-            continue
-        labelled[entry.get('subset')] += 1
-        if entry.get('subset') == subset:
-            ground_truth[video_id] = label
+    """({video_id: label} of the subset's labelled videos, all labels); the
+    annotation file is read as training reads it (DataError naming the file)."""
+    data = read_annotation(gt_path, check='the ground-truth annotation path')
+    entries = video_labels(data)
+    ground_truth = {video_id: label for video_id, (entry_subset, label) in entries.items()
+                    if entry_subset == subset and label is not None}
     if not ground_truth:
+        labelled = Counter({entry_subset: 0 for entry_subset, _ in entries.values()})
+        labelled.update(entry_subset for entry_subset, label in entries.values()
+                        if label is not None)
         present = ', '.join(f'{name} ({n} labelled)'
-                            for name, n in sorted(labelled.items(),
-                                                  key=lambda x: str(x[0])))
-        raise ValueError(f"subset '{subset}' has no labelled video in "
-                         f'{gt_path}; subsets present: {present or "none"}')
+                            for name, n in sorted(labelled.items(), key=lambda x: str(x[0])))
+        raise DataError(f"subset '{subset}' has no labelled video in "
+                        f'{gt_path}; subsets present: {present or "none"}')
     return ground_truth, data.get('labels', [])
 
 
