@@ -24,7 +24,6 @@ decodes on the device (utils/device_batches.py, datasets/device_jpeg.py).
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -32,6 +31,7 @@ import simplejpeg
 import torch
 
 from datasets.formats import frame_file_name
+from datasets.open_files import OpenFiles
 from datasets.spatial_transforms import DCT_FACTORS
 from datasets.video import VideoClipLoader
 from utils.errors import DataError
@@ -233,59 +233,36 @@ class JpgClipLoader:
         return self.read(video_dir, positions).decode()
 
 
+def _open_hdf5(path: str):
+    import h5py
+    try:
+        return h5py.File(path, 'r')
+    except FileNotFoundError:
+        raise DataError(f'hdf5 video {path} not found: check --video_path and '
+                        f'--file_type, or {_REEXTRACT}') from None
+    except OSError as e:
+        raise DataError(f'hdf5 video {path} cannot be opened ({e}): {_REEXTRACT}') from None
+
+
 class Hdf5ClipLoader:
     """``<video>.hdf5`` with dataset ``video``: element p = JPEG bytes of frame p.
 
-    Keeps an LRU cache of open files (``max_open``) per process.  Files are
-    opened lazily on first use, the cache is dropped when pickled (DataLoader
-    workers) and when the process id changes (fork), so handles are never
-    shared between processes.
+    Keeps the files it opened per process (``max_open`` at most, the least
+    recently used closed first: datasets/open_files.py); files are opened
+    lazily on first use and never shared between processes.
     """
     keys: tuple[str, ...] = ('video',)
     colorspace = 'RGB'
     defer_decoding = False  # True: the data set hands over DeferredClips
 
     def __init__(self, max_open: int = 64):
-        self.max_open = max_open
-        self._files: OrderedDict = OrderedDict()
-        self._pid = None
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state['_files'] = OrderedDict()
-        state['_pid'] = None
-        return state
+        self._files = OpenFiles(max_open)
 
     def close(self):
-        for f in self._files.values():
-            try:
-                f.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
-        self._files.clear()
+        self._files.close()
 
     def _open(self, path: str):
-        import h5py
-        pid = os.getpid()
-        if self._pid != pid:  # fresh process: never use a parent's handles
-            self._files = OrderedDict()
-            self._pid = pid
-        f = self._files.get(path)
-        if f is not None:
-            self._files.move_to_end(path)
-            return f
-        try:
-            f = h5py.File(path, 'r')
-        except FileNotFoundError:
-            raise DataError(f'hdf5 video {path} not found: check --video_path and '
-                            f'--file_type, or {_REEXTRACT}') from None
-        except OSError as e:
-            raise DataError(f'hdf5 video {path} cannot be opened ({e}): {_REEXTRACT}') from None
-        self._files[path] = f
-        if len(self._files) > self.max_open:
-            _, old = self._files.popitem(last=False)
-            old.close()
-        return f
+        return self._files.get(path, _open_hdf5)
 
     def _read(self, f, path: str, key: str, uniq: list[int]) -> list[np.ndarray]:
         try:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
+from datasets.open_files import OpenFiles
 from utils.errors import DataError
 
 __all__ = ['FrameIndex', 'VideoClipLoader', 'container_frames',
@@ -501,28 +500,6 @@ def _loop_pad(positions: list[int], n_frames: int) -> list[int]:
     return [p if p < n_frames else present[next(missing) % len(present)] for p in positions]
 
 
-# Decoders and scalers a forked process inherits must never be freed there: freeing
-# one whose parent ran it with threads waits for those threads, which the child does
-# not have (a DataLoader worker hung so when the main process had decoded before
-# forking it).  A child keeps them, unused, for its lifetime.
-_LOADERS: weakref.WeakSet = weakref.WeakSet()
-_INHERITED: list = []
-
-
-def _keep_inherited(loader) -> None:
-    if loader._open or loader._convert is not None:
-        _INHERITED.append((loader._open, loader._convert))
-    loader._open, loader._convert, loader._pid = OrderedDict(), None, None
-
-
-def _after_fork_in_child() -> None:
-    for loader in list(_LOADERS):  # also loaders that are garbage not yet collected
-        _keep_inherited(loader)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class VideoClipLoader:
     """``loader(video_file, positions) -> uint8 (T, C, H, W)``: the ``--file_type
     video`` loader.  Every frame it returns is the frame asked for (position p is
@@ -552,53 +529,29 @@ class VideoClipLoader:
                  max_open: int = 8, frame_table=None):
         self.short_side = short_side
         self.threads = threads
-        self.max_open = max_open
         self.frame_table = frame_table
-        self._open: OrderedDict = OrderedDict()
-        self._pid = None
+        self._open = OpenFiles(max_open)  # also this process's scaler (its local)
         self.stats: dict = {}  # 'decoded': frames decoded so far in this process
-        self._convert = None
-        _LOADERS.add(self)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state['_open'] = OrderedDict()
-        state['_pid'] = None
-        state['_convert'] = None
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        _LOADERS.add(self)
 
     def close(self):
-        for video in self._open.values():
-            video.close()
-        self._open.clear()
+        self._open.close()
 
     def _threads(self) -> int:
         if self.threads is not None:
             return self.threads
         return 1 if torch.utils.data.get_worker_info() is not None else 0
 
-    def _get(self, path: str) -> _OpenVideo:
-        if self._pid != os.getpid():  # fresh process: never use a parent's handles
-            _keep_inherited(self)
-            self._pid, self._convert = os.getpid(), _reformatter(self._threads())
-        video = self._open.get(path)
-        if video is not None:
-            self._open.move_to_end(path)
-            return video
+    def _open_video(self, path: str) -> _OpenVideo:
         index, key = self.frame_table.get(path) if self.frame_table is not None else (None, None)
         video = _OpenVideo(path, self._threads(), index)
         if index is None and key is not None:
             self.frame_table.add(key, video.index)
         opened = 'scanned' if index is None else 'stored'
         self.stats[opened] = self.stats.get(opened, 0) + 1
-        self._open[path] = video
-        if len(self._open) > self.max_open:
-            self._open.popitem(last=False)[1].close()
         return video
+
+    def _get(self, path: str) -> _OpenVideo:
+        return self._open.get(path, self._open_video)
 
     def __call__(self, video_file, positions: Sequence[int]) -> torch.Tensor:
         path = os.fspath(video_file)
@@ -615,10 +568,11 @@ class VideoClipLoader:
                 raise _missing_error(path, index, past)
         positions = _loop_pad(positions, index.n_frames)
         uniq = sorted(set(positions))
+        convert = self._open.local(lambda: _reformatter(self._threads()))
         try:
-            arrays = _decode_positions(video, uniq, (self.short_side, self._convert), self.stats)
+            arrays = _decode_positions(video, uniq, (self.short_side, convert), self.stats)
         except _av().FFmpegError as e:
-            self._open.pop(path, video).close()
+            self._open.discard(path)
             raise DataError(f'video file {path}: decoding failed ({e}): {_REENCODE}') from None
         if len(arrays) < len(uniq):
             raise _missing_error(path, index, [p for p in uniq if p not in arrays])

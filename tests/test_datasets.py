@@ -1,6 +1,7 @@
 """Annotation reader, clip loaders and data sets (tiny data written to tmp_path)."""
 import io
 import json
+import os
 import pickle
 import warnings
 
@@ -323,6 +324,40 @@ def test_hdf5_loader_matches_jpg_and_loads_last_frame(tmp_path):
     clone = pickle.loads(pickle.dumps(hl))
     assert len(clone._files) == 0
     assert torch.equal(clone(h5, [3]), hl(h5, [3]))
+
+
+class _Handle:
+    def __init__(self, path):
+        self.path, self.closed = path, False
+
+    def close(self):
+        self.closed = True
+
+
+def _child_of(cache, inherited):
+    """In a forked child: the parent's handles are set aside, never closed."""
+    fresh = cache.get('a', _Handle)
+    cache.close()
+    os._exit(0 if fresh is not inherited and fresh.closed and not inherited.closed else 1)
+
+
+def test_open_files_one_cache_per_process():
+    """datasets/open_files.py, the hdf5 and video loaders' one cache of open files."""
+    import multiprocessing
+
+    from datasets.open_files import OpenFiles
+    cache = OpenFiles(max_open=2)
+    a, b = cache.get('a', _Handle), cache.get('b', _Handle)
+    assert cache.get('a', _Handle) is a and cache.local(list) is cache.local(list)
+    c = cache.get('c', _Handle)  # over max_open: the least recently used (b) is closed
+    assert (a.closed, b.closed, c.closed, len(cache)) == (False, True, False, 2)
+    assert len(pickle.loads(pickle.dumps(cache))) == 0
+    child = multiprocessing.get_context('fork').Process(target=_child_of, args=(cache, a))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    cache.discard('a')
+    assert a.closed and len(cache) == 1
 
 
 def test_hdf5_flow_loader(tmp_path):
