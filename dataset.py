@@ -11,10 +11,8 @@ Where a clip comes from, in order:
   utils/device_batches.py) for the model.
 """
 import datetime
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
@@ -38,7 +36,7 @@ from utils.device_batches import BatchDecoder, DeviceLoader, ToDevice
 from utils.distributed import barrier
 from utils.errors import USER_ERRORS, DataError, OptionError
 from utils.preemption import shield_loader_worker, stop_signals_blocked
-from utils.resumable_data import ResumableSampler, SeededSamples
+from utils.resumable_data import ResumableSampler, SeededSamples, seed_everything
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
 INDEX_CACHE_DIR = 'data_index'
@@ -311,6 +309,4 @@ def make_inference_loader(dataset, opt, ctx):
 
 def seed_worker_rngs(seed):
     """Seeds the main process; DataLoader draws each epoch's worker seeds from it."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    seed_everything(seed)

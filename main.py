@@ -51,7 +51,7 @@ from utils.mix import MixConfig
 from utils.precision import make_deterministic, refuse_bf16_below_sm80
 from utils.preemption import Preempted, StopRequest, agree_to_stop
 from utils.result_folder import ResultFolderLock, claim_result_folder, refuse_or_clear_other_run
-from utils.resumable_data import epoch_seed, start_epoch
+from utils.resumable_data import epoch_seed, restart_seed, start_epoch
 from utils.run_record import RunRecord
 from validation import describe_validation, val_epoch
 
@@ -296,7 +296,7 @@ def start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, fir
     if first_batch and not ckpt.restore_rank_state(checkpoint, ctx, trainer):
         # Not this run's streams: fresh ones for the rest of the epoch (not a
         # replay of the epoch's first draws).
-        data.seed_worker_rngs((seed * 1_000_033 + first_batch) % (2**63))
+        data.seed_worker_rngs(restart_seed(seed, first_batch))
         trainer.mix_rng = np.random.default_rng([seed, 1, first_batch])
 
 

@@ -11,7 +11,7 @@ from opts import parse_opts
 from tests.conftest import tiny_args
 from utils.distributed import DistContext
 from utils.logs import read_tsv
-from utils.resumable_data import epoch_seed
+from utils.resumable_data import epoch_seed, restart_seed, sample_seed
 
 
 def parsed(tiny, tmp_path, *extra):
@@ -51,6 +51,15 @@ def test_ranks_augment_differently_and_repeatably(tiny_synthetic, tmp_path):
     assert not torch.equal(first_clip(0, 1), first_clip(1, 1))  # ranks differ
     assert not torch.equal(first_clip(0, 1), first_clip(0, 2))  # epochs differ
     assert torch.equal(first_clip(1, 3), first_clip(1, 3))      # and are reproducible
+
+
+def test_seeds_keep_their_values():
+    """Every seed is mixed in utils/resumable_data.py; the values are those the
+    runs before it drew (a checkpoint written then resumes as it did)."""
+    assert sample_seed(7, 3, 11) == 7000255000803
+    assert epoch_seed(7, 1, 3) == 7010031
+    assert restart_seed(12345, 4) == 12345407389
+    assert sample_seed(2**62, 1, -1) == 4611686018428387936  # wraps at 2**63
 
 
 def test_validation_subset_with_fewer_than_five_videos(tiny_synthetic, tmp_path):

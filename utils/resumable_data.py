@@ -6,7 +6,8 @@ each sample's random augmentation. The order comes from DistributedSampler
 checkpoint already covers. Each sample's augmentation is drawn from its own
 seed (--manual_seed, epoch, index), so it does not depend on which worker
 loads the sample or on what that worker loaded before: skipping batches
-changes nothing that follows them.
+changes nothing that follows them. Every seed of a run is mixed here from
+--manual_seed.
 """
 import random
 
@@ -15,15 +16,32 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 
-def sample_seed(manual_seed, epoch, index):
-    return ((manual_seed * 1_000_003 + epoch) * 1_000_033 + index) % (2**63)
+def _mix(seed, value, prime):
+    return (seed * prime + value) % (2**63)
 
 
 def epoch_seed(manual_seed, rank, epoch):
     """The random state at the start of each (rank, epoch): model-side and
-    mixup draws, so a resumed run draws what the uninterrupted run drew. Each
-    clip's augmentation has a seed of its own (sample_seed)."""
-    return (manual_seed * 1_000_003 + rank * 10_007 + epoch) % (2**63)
+    mixup draws, so a resumed run draws what the uninterrupted run drew."""
+    return _mix(manual_seed, rank * 10_007 + epoch, 1_000_003)
+
+
+def restart_seed(seed, first_batch):
+    """Fresh streams for the rest of an epoch resumed at ``first_batch`` from a
+    checkpoint that holds no random state of this process."""
+    return _mix(seed, first_batch, 1_000_033)
+
+
+def sample_seed(manual_seed, epoch, index):
+    """Sample ``index``'s augmentation seed in ``epoch`` (-1: the loader's own generator)."""
+    return _mix(_mix(manual_seed, epoch, 1_000_003), index, 1_000_033)
+
+
+def seed_everything(seed):
+    """Python's, numpy's (32 bits) and torch's global generators from one seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 class SeededSamples(Dataset):
@@ -45,9 +63,7 @@ class SeededSamples(Dataset):
         py_state, np_state = random.getstate(), np.random.get_state()
         try:
             with torch.random.fork_rng(devices=[]):
-                random.seed(seed)
-                np.random.seed(seed % 2**32)
-                torch.manual_seed(seed)
+                seed_everything(seed)
                 return self.dataset[index]
         finally:
             random.setstate(py_state)
