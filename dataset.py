@@ -160,21 +160,44 @@ def _finish(dataset, spatial, record):
     return dataset
 
 
-def _make_loader(opt, short_side=None, defer_decoding=False):
-    loader = make_loader(opt.file_type, opt.input_type, short_side=short_side,
+def clip_loader(file_type, input_type, short_side=None, index_dir=None, defer_decoding=False):
+    """The clip loader of a file type (datasets/loader.py); a video loader
+    converts frames at ``short_side`` (FFmpeg's scaler) and, with ``index_dir``,
+    demuxes each video's frame index (keyframes, timestamps) once per run, not
+    once per open, kept across epochs and workers (datasets/video_index.py).
+    defer_decoding: JPEG bytes for the main process to decode (--decode_device)."""
+    loader = make_loader(file_type, input_type, short_side=short_side,
                          defer_decoding=defer_decoding)
-    if opt.file_type == 'video':
-        # each video's frame index (keyframes, timestamps) is demuxed once per run,
-        # not once per open, and kept across epochs and workers (datasets/video_index.py)
-        loader.frame_table = FrameTable(opt.result_path / INDEX_CACHE_DIR / 'frames')
+    if file_type == 'video' and index_dir is not None:
+        loader.frame_table = FrameTable(index_dir)
         loader.frame_table.compact()
     return loader
+
+
+def eval_views(opt, n_clips, stride, crop):
+    """(temporal, spatial) views of validation, inference and predict.py with
+    ``opt``'s input settings (a run's options or a checkpoint's): ``n_clips``
+    clips spread evenly over a video, or with ``n_clips`` 0 a sliding window
+    of ``stride`` frames; ``crop`` spatial views (center, nocrop, three)."""
+    if n_clips > 0:
+        temporal = TemporalEvenCrop(opt.sample_duration, n_clips, opt.sample_t_stride)
+    else:
+        temporal = SlidingWindow(opt.sample_duration, stride, opt.sample_t_stride)
+    mean, std = _mean_std(opt)
+    spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
+                                   value_scale=opt.value_scale, crop=crop)
+    return temporal, spatial
+
+
+def _loader(opt, short_side=None, defer_decoding=False):
+    return clip_loader(opt.file_type, opt.input_type, short_side,
+                       opt.result_path / INDEX_CACHE_DIR / 'frames', defer_decoding)
 
 
 def _eval_loader(opt, record):
     # The eval transforms resize the short side to sample_size first: video
     # frames are converted at that size (FFmpeg's scaler), the resize is then a no-op.
-    return _make_loader(opt, short_side=opt.sample_size, defer_decoding=record.decode_on_device)
+    return _loader(opt, short_side=opt.sample_size, defer_decoding=record.decode_on_device)
 
 
 def get_training_data(opt, record, ctx=None):
@@ -190,17 +213,14 @@ def get_training_data(opt, record, ctx=None):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale,
                                     randaugment=opt.randaugment, random_erasing=opt.random_erasing)
-    loader = _make_loader(opt, defer_decoding=record.decode_on_device)
+    loader = _loader(opt, defer_decoding=record.decode_on_device)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
 def get_validation_data(opt, record, ctx=None):
     """One item per video: n_val_samples clips spread evenly over it."""
     records, class_names = _records(opt, record, 'validation', ctx)
-    temporal = TemporalEvenCrop(opt.sample_duration, opt.n_val_samples, opt.sample_t_stride)
-    mean, std = _mean_std(opt)
-    spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
-                                   value_scale=opt.value_scale, crop='center')
+    temporal, spatial = eval_views(opt, opt.n_val_samples, 0, 'center')
     loader = _eval_loader(opt, record)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
@@ -210,13 +230,8 @@ def get_inference_data(opt, record, ctx=None):
     evenly); a video's clips are contiguous. With --inference_crop three an item
     holds the clip's three crops."""
     records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset], ctx)
-    if opt.inference_n_clips > 0:
-        temporal = TemporalEvenCrop(opt.sample_duration, opt.inference_n_clips, opt.sample_t_stride)
-    else:
-        temporal = SlidingWindow(opt.sample_duration, opt.inference_stride, opt.sample_t_stride)
-    mean, std = _mean_std(opt)
-    spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
-                                   value_scale=opt.value_scale, crop=opt.inference_crop)
+    temporal, spatial = eval_views(opt, opt.inference_n_clips, opt.inference_stride,
+                                   opt.inference_crop)
     loader = _eval_loader(opt, record)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names

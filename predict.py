@@ -93,13 +93,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
 
+import dataset as data
 from checkpoint import load_trained_model
 from datasets import formats
 from datasets.annotation import VideoRecord, load_class_names, read_annotation, video_labels
 from datasets.formats import VIDEO_EXTENSIONS, video_kind
-from datasets.loader import make_loader
-from datasets.spatial_transforms import build_eval_transform, get_mean_std
-from datasets.temporal_transforms import SlidingWindow, TemporalEvenCrop
 from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name
@@ -189,20 +187,13 @@ def frame_count(video):
 
 class InputLoader:
     """``loader(path, positions)`` for a mix of frame folders, hdf5 and video
-    files: the clip loader of each path's kind."""
+    files: the clip loader of each path's kind (dataset.clip_loader; video
+    frames converted at ``short_side``)."""
 
-    def __init__(self, kinds, input_type='rgb'):
+    def __init__(self, kinds, input_type='rgb', short_side=None):
         self.kinds = dict(kinds)  # path -> kind
-        self.loaders = {}
-        for kind in set(self.kinds.values()):
-            if kind == 'video':
-                if input_type != 'rgb':
-                    raise DataError('this checkpoint takes optical flow: give hdf5 files with '
-                                    'video_u/video_v, not video files')
-                from datasets.video import VideoClipLoader
-                self.loaders[kind] = VideoClipLoader()
-            else:
-                self.loaders[kind] = make_loader(kind, input_type)
+        self.loaders = {kind: data.clip_loader(kind, input_type, short_side)
+                        for kind in set(self.kinds.values())}
 
     def __call__(self, path, positions):
         return self.loaders[self.kinds[path]](path, positions)
@@ -228,16 +219,9 @@ def load_model(path, annotation_path, device, weights):
 
 
 def view_transforms(options, n_clips, stride, crop):
-    """Temporal and spatial views of inference with the checkpoint's input settings."""
-    if stride:
-        temporal = SlidingWindow(options.sample_duration, stride, options.sample_t_stride)
-    else:
-        temporal = TemporalEvenCrop(options.sample_duration, n_clips, options.sample_t_stride)
-    mean, std = get_mean_std(options.value_scale, dataset=options.mean_dataset,
-                             no_mean_norm=options.no_mean_norm, no_std_norm=options.no_std_norm)
-    spatial = build_eval_transform(options.sample_size, mean=mean, std=std,
-                                   value_scale=options.value_scale, crop=crop)
-    return temporal, spatial
+    """Temporal and spatial views of inference with the checkpoint's input
+    settings: a sliding window when ``stride`` is given, else ``n_clips`` clips."""
+    return data.eval_views(options, 0 if stride else n_clips, stride, crop)
 
 
 def measure_videos(videos, failures, progress=False):
@@ -263,7 +247,9 @@ def measure_videos(videos, failures, progress=False):
 
 def build_dataset(records, videos, options, n_clips, stride, crop):
     temporal, spatial = view_transforms(options, n_clips, stride, crop)
-    loader = InputLoader({v.path: v.kind for v in videos}, options.input_type)
+    # the loaders of main.py's --inference: video frames converted at the eval size
+    loader = InputLoader({v.path: v.kind for v in videos}, options.input_type,
+                         short_side=options.sample_size)
     return VideoWindowDataset(records, loader, temporal, spatial)
 
 

@@ -318,11 +318,9 @@ def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int
     elif input_type == 'flow':
         if file_type == 'hdf5':
             return Hdf5FlowLoader()
-        if file_type == 'jpg':
-            raise DataError('--input_type flow needs --file_type hdf5 (datasets video_u and '
-                            'video_v); flow is not read from jpg folders')
-        if file_type == 'video':
-            raise DataError('--input_type flow needs --file_type hdf5 (datasets video_u and '
-                            'video_v); flow is not read from video files')
+        where = {'jpg': 'jpg folders', 'video': 'video files'}.get(file_type)
+        if where is not None:  # main.py's options and predict.py's inputs alike
+            raise DataError(f'optical flow (--input_type flow) is read from hdf5 files '
+                            f'(datasets video_u and video_v, --file_type hdf5), not from {where}')
     raise DataError(f'unsupported --file_type {file_type!r} / --input_type {input_type!r}: '
                     f"use jpg, hdf5 or video, rgb or flow")

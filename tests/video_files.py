@@ -59,15 +59,17 @@ def red_levels(clip) -> list[int]:
 
 
 def videos_from_jpgs(jpg_root, dst_root, ext: str = '.mp4', fps: int = 25,
-                     other_ext: dict | None = None) -> Path:
+                     other_ext: dict | None = None, size: tuple[int, int] | None = None) -> Path:
     """Write every ``<label>/<video_id>/image_*.jpg`` folder under ``jpg_root`` as
     ``<label>/<video_id><ext>`` under ``dst_root`` (the synthetic set as videos);
-    ``other_ext`` maps labels to another extension."""
+    ``other_ext`` maps labels to another extension; ``size`` (width, height)
+    resizes the frames."""
     from PIL import Image
     jpg_root, dst_root = Path(jpg_root), Path(dst_root)
     for folder in sorted(p for p in jpg_root.glob('*/*') if p.is_dir()):
-        images = [np.asarray(Image.open(f).convert('RGB'))
-                  for f in sorted(folder.glob('image_*.jpg'))]
+        frames = [Image.open(f).convert('RGB') for f in sorted(folder.glob('image_*.jpg'))]
+        images = [np.asarray(f if size is None else f.resize(size, Image.BILINEAR))
+                  for f in frames]
         height, width = images[0].shape[:2]
         suffix = (other_ext or {}).get(folder.parent.name, ext)
         write_video(dst_root / folder.parent.name / f'{folder.name}{suffix}', width=width,
