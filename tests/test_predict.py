@@ -106,10 +106,13 @@ def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys
                                        rtol=1e-4, atol=1e-6)
 
 
-def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys):
+@pytest.mark.parametrize('size', [None, (56, 44)], ids=['as_jpgs', 'larger'])
+def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, size):
+    """Also with frames larger than --sample_size: predict.py's loaders are
+    main.py's (dataset.clip_loader), converting video frames at the eval size."""
     from tests.video_files import videos_from_jpgs
     video_path, annotation_path, out, val = trained
-    mp4_root = videos_from_jpgs(video_path, tmp_path / 'mp4')
+    mp4_root = videos_from_jpgs(video_path, tmp_path / 'mp4', size=size)
     result = tmp_path / 'r'
     main.main(tiny_args(mp4_root, annotation_path, result, '--no_train', '--no_val',
                         '--resume_path', str(out / 'save_1.pth'), '--inference', *MAIN_VIEWS,
@@ -117,33 +120,15 @@ def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys):
     inferred = json.loads((result / 'val.json').read_text())['results']
     capsys.readouterr()
     v, label = val[1]
-    assert predict.main([str(out / 'save_1.pth'), str(mp4_root / label / f'{v}.mp4'),
-                         *PREDICT_VIEWS, '--topk', '0', '--json', '--n_threads', '0']) == 0
+    mp4 = mp4_root / label / f'{v}.mp4'
+    assert predict.main([str(out / 'save_1.pth'), str(mp4), *PREDICT_VIEWS, '--topk', '0',
+                         '--json', '--n_threads', '0']) == 0
     printed = json.loads(capsys.readouterr().out)['results']
     assert list(printed) == [v]
     assert printed[v][0]['label'] == inferred[v][0]['label']
     assert _scores(printed[v]) == pytest.approx(_scores(inferred[v]), abs=1e-5)
-
-
-def test_predict_converts_large_video_frames_as_inference_does(trained, tmp_path, capsys):
-    """Frames larger than --sample_size: predict.py's loaders are main.py's
-    (dataset.clip_loader), converting video frames at the eval size."""
-    from tests.video_files import videos_from_jpgs
-    video_path, annotation_path, out, val = trained
-    mp4_root = videos_from_jpgs(video_path, tmp_path / 'mp4', size=(56, 44))
-    result = tmp_path / 'r'
-    main.main(tiny_args(mp4_root, annotation_path, result, '--no_train', '--no_val',
-                        '--resume_path', str(out / 'save_1.pth'), '--inference', *MAIN_VIEWS,
-                        '--file_type', 'video', '--output_topk', '0'))
-    inferred = json.loads((result / 'val.json').read_text())['results']
-    capsys.readouterr()
-    v, label = val[0]
-    assert predict.main([str(out / 'save_1.pth'), str(mp4_root / label / f'{v}.mp4'),
-                         *PREDICT_VIEWS, '--topk', '0', '--json', '--n_threads', '0']) == 0
-    printed = json.loads(capsys.readouterr().out)['results']
-    assert _scores(printed[v]) == pytest.approx(_scores(inferred[v]), abs=1e-5)
     with pytest.raises(DataError, match=r'optical flow \(--input_type flow\) is read from hdf5'):
-        predict.InputLoader({str(mp4_root / label / f'{v}.mp4'): 'video'}, 'flow')
+        predict.InputLoader({str(mp4): 'video'}, 'flow')
 
 
 def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_path, capsys):

@@ -26,9 +26,8 @@ from datasets.formats import frame_file_name, frame_numbers
 from utils.cli import Parser
 from utils.errors import DataError
 
-from .generate_video_jpgs import add_frame_options, decoder_threads
+from .generate_video_jpgs import add_frame_options, add_root_arguments, decoder_threads
 from .utils import (
-    DATASETS,
     contiguous_frames,
     encoded_frames,
     fail,
@@ -115,14 +114,8 @@ def build_parser():
     parser = Parser(
         description='Pack JPEG frame folders, or decode video files, into '
         "<dst>/<class>/<video>.hdf5 (dataset 'video', JPEG bytes per frame).")
-    parser.add_argument('dir_path', type=Path,
-                        help='frame root <class>/<video>/image_*.jpg, or video '
-                        'root <class>/<video>.<ext> (flat for activitynet)')
-    parser.add_argument('dst_path', type=Path, help='hdf5 root (created)')
-    parser.add_argument('dataset', choices=DATASETS,
-                        help='dataset name; decides the folder layout')
-    parser.add_argument('--n_jobs', type=int, default=-1,
-                        help='parallel processes (-1: all cores)')
+    add_root_arguments(parser, 'frame root <class>/<video>/image_*.jpg, or video root '
+                       '<class>/<video>.<ext> (flat for activitynet)', 'hdf5 root (created)')
     parser.add_argument('--from_video', action='store_true',
                         help='decode the video files (PyAV) even where frame '
                         'folders are found (a dir_path without frame folders is '

@@ -74,6 +74,16 @@ def make_jobs(dir_path, dst_path, dataset, fps, size, quality, n_jobs):
              threads) for rel, video in list_videos(dir_path, dataset)]
 
 
+def add_root_arguments(parser, source_help, dst_help):
+    """dir_path, dst_path, dataset and --n_jobs, as generate_video_hdf5 takes them too."""
+    parser.add_argument('dir_path', type=Path, help=source_help)
+    parser.add_argument('dst_path', type=Path, help=dst_help)
+    parser.add_argument('dataset', choices=DATASETS,
+                        help='dataset name; decides the folder layout')
+    parser.add_argument('--n_jobs', type=int, default=-1,
+                        help='parallel processes (-1: all cores)')
+
+
 def add_frame_options(parser):
     parser.add_argument('--fps', type=float, default=-1,
                         help='output frame rate (-1: every decoded frame)')
@@ -88,14 +98,8 @@ def build_parser():
     parser = Parser(
         description='Extract video frames to <dst>/<class>/<video>/'
         'image_00001.jpg... (PyAV; no ffmpeg binary needed).')
-    parser.add_argument('dir_path', type=Path,
-                        help='video root: <class>/<video>.<ext> '
-                        '(flat for activitynet)')
-    parser.add_argument('dst_path', type=Path, help='frame root (created)')
-    parser.add_argument('dataset', choices=DATASETS,
-                        help='dataset name; decides the folder layout')
-    parser.add_argument('--n_jobs', type=int, default=-1,
-                        help='parallel processes (-1: all cores)')
+    add_root_arguments(parser, 'video root: <class>/<video>.<ext> (flat for activitynet)',
+                       'frame root (created)')
     add_frame_options(parser)
     return parser
 

@@ -9,9 +9,15 @@ lines read "<video>.avi <0|1|2>": 1 training, 2 testing (written as the
 import re
 from pathlib import Path
 
-from utils.cli import Parser
-
-from .utils import add_segments, fail, read_lines, require_dir, write_annotation
+from .utils import (
+    add_segments,
+    builder_parser,
+    fail,
+    read_lines,
+    require_dir,
+    require_video_root,
+    write_annotation,
+)
 
 SPLIT_FILE = re.compile(r'^(?P<label>.+)_test_split(?P<split>[123])\.txt$')
 SPLIT_CODES = {'1': 'training', '2': 'validation'}  # the split files' column
@@ -47,24 +53,16 @@ def load_split(files):
 
 
 def main(argv=None):
-    parser = Parser(
-        description='Write hmdb51_{1,2,3}.json from the official HMDB-51 '
-        'split files and the extracted frames.')
-    parser.add_argument('dir_path', type=Path,
-                        help='directory with <class>_test_split{1,2,3}.txt '
-                        '(testTrainMulti_7030_splits)')
-    parser.add_argument('video_path', type=Path,
-                        help='frame root: <label>/<video_id>/image_*.jpg, '
-                        '<label>/<video_id>.hdf5 or video files <label>/'
-                        '<video_id>.avi (.mp4, ...); used to count frames')
-    parser.add_argument('dst_path', type=Path,
-                        help='directory for hmdb51_N.json (created)')
+    parser = builder_parser(
+        'Write hmdb51_{1,2,3}.json from the official HMDB-51 split files and the extracted '
+        'frames.', 'dir_path',
+        'directory with <class>_test_split{1,2,3}.txt (testTrainMulti_7030_splits)',
+        'directory for hmdb51_N.json (created)')
     args = parser.parse_args(argv)
 
     require_dir(args.dir_path, 'HMDB-51 split directory',
                 'it should hold brush_hair_test_split1.txt, ...')
-    require_dir(args.video_path, 'video_path',
-                'the frames (util_scripts.generate_video_jpgs) or the videos')
+    require_video_root(args.video_path)
     splits = find_split_files(args.dir_path)
     if not splits:
         fail(f'no <class>_test_split{{1,2,3}}.txt file in {args.dir_path}; '

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from utils.cli import Parser
 
-from .utils import VIDEO_TYPES, add_segments, fail, require_dir, require_file, write_annotation
+from .utils import (
+    VIDEO_TYPES,
+    add_segments,
+    fail,
+    require_file,
+    require_video_root,
+    write_annotation,
+)
 
 USAGE = ('%(prog)s train_csv val_csv test_csv video_path {jpg,hdf5,video} '
          'dst_json\n       %(prog)s csv_dir n_classes video_path '
@@ -112,8 +119,7 @@ def main(argv=None):
     hint = 'the official kinetics CSV (label,youtube_id,time_start,...)'
     require_file(train, 'training CSV', hint)
     require_file(val, 'validation CSV', hint)
-    require_dir(video_path, 'video_path',
-                'the frames (util_scripts.generate_video_jpgs) or the videos')
+    require_video_root(video_path)
     labels, database = convert(train, val, test, video_path, video_type)
     write_annotation(dst, labels, database)
 

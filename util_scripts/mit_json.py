@@ -10,9 +10,16 @@ dst_path is the JSON file to write (an existing directory gets mit.json).
 import csv
 from pathlib import Path
 
-from utils.cli import Parser
-
-from .utils import add_segments, fail, require_dir, require_file, write_annotation
+from .utils import (
+    add_segments,
+    builder_parser,
+    fail,
+    require_dir,
+    require_file,
+    require_known_labels,
+    require_video_root,
+    write_annotation,
+)
 
 
 def load_labels(categories_path):
@@ -49,19 +56,11 @@ def load_subset(csv_path, subset):
 
 
 def main(argv=None):
-    parser = Parser(
-        description='Write the Moments in Time annotation JSON from the '
-        'official CSV files and the extracted frames.')
-    parser.add_argument('mit_dir_path', type=Path,
-                        help='directory with moments_categories.txt, '
-                        'trainingSet.csv, validationSet.csv '
-                        '(testingSet.csv optional)')
-    parser.add_argument('video_path', type=Path,
-                        help='frame root: <label>/<video_id>/image_*.jpg, '
-                        '<label>/<video_id>.hdf5 or video files <label>/'
-                        '<video_id>.avi (.mp4, ...); used to count frames')
-    parser.add_argument('dst_path', type=Path,
-                        help='JSON file to write')
+    parser = builder_parser(
+        'Write the Moments in Time annotation JSON from the official CSV files and the '
+        'extracted frames.', 'mit_dir_path',
+        'directory with moments_categories.txt, trainingSet.csv, validationSet.csv '
+        '(testingSet.csv optional)', 'JSON file to write')
     args = parser.parse_args(argv)
 
     d = require_dir(args.mit_dir_path, 'Moments in Time annotation directory')
@@ -70,17 +69,13 @@ def main(argv=None):
                               'moments_categories.txt', hint)
     train = require_file(d / 'trainingSet.csv', 'trainingSet.csv', hint)
     val = require_file(d / 'validationSet.csv', 'validationSet.csv', hint)
-    require_dir(args.video_path, 'video_path',
-                'the frames (util_scripts.generate_video_jpgs) or the videos')
+    require_video_root(args.video_path)
 
     labels = load_labels(categories)
     database = load_subset(train, 'training')
     database.update(load_subset(val, 'validation'))
-    unknown = sorted({v['annotations']['label'] for v in database.values()} -
-                     set(labels))
-    if unknown:
-        fail(f'the CSV files use classes absent from {categories}: '
-             f'{", ".join(unknown[:5])}')
+    require_known_labels(database, labels,
+                         f'the CSV files use classes absent from {categories}')
     if (d / 'testingSet.csv').is_file():
         database.update(load_subset(d / 'testingSet.csv', 'testing'))
     add_segments(database, args.video_path)

@@ -9,9 +9,17 @@ for --file_type video). testlist videos become the 'validation' subset.
 """
 from pathlib import Path
 
-from utils.cli import Parser
-
-from .utils import add_segments, fail, read_lines, require_dir, require_file, write_annotation
+from .utils import (
+    add_segments,
+    builder_parser,
+    fail,
+    read_lines,
+    require_dir,
+    require_file,
+    require_known_labels,
+    require_video_root,
+    write_annotation,
+)
 
 
 def load_labels(class_ind_path):
@@ -47,36 +55,25 @@ def convert_split(dir_path, split_index, video_path):
                           'training')
     database.update(load_split(dir_path / f'testlist0{split_index}.txt',
                                'validation'))
-    unknown = sorted({v['annotations']['label'] for v in database.values()} -
-                     set(labels))
-    if unknown:
-        fail(f'split {split_index} lists classes missing from classInd.txt: '
-             f'{", ".join(unknown[:5])}')
+    require_known_labels(database, labels,
+                         f'split {split_index} lists classes missing from classInd.txt')
     add_segments(database, video_path)
     return labels, database
 
 
 def main(argv=None):
-    parser = Parser(
-        description='Write ucf101_0{1,2,3}.json from the official UCF-101 '
-        'split files and the extracted frames.')
-    parser.add_argument('dir_path', type=Path,
-                        help='directory with classInd.txt, trainlist0N.txt, '
-                        'testlist0N.txt (ucfTrainTestlist)')
-    parser.add_argument('video_path', type=Path,
-                        help='frame root: <label>/<video_id>/image_*.jpg, '
-                        '<label>/<video_id>.hdf5 or video files <label>/'
-                        '<video_id>.avi (.mp4, ...); used to count frames')
-    parser.add_argument('dst_path', type=Path,
-                        help='directory for ucf101_0N.json (created)')
+    parser = builder_parser(
+        'Write ucf101_0{1,2,3}.json from the official UCF-101 split files and the extracted '
+        'frames.', 'dir_path',
+        'directory with classInd.txt, trainlist0N.txt, testlist0N.txt (ucfTrainTestlist)',
+        'directory for ucf101_0N.json (created)')
     args = parser.parse_args(argv)
 
     require_dir(args.dir_path, 'UCF-101 split directory',
                 'it should hold classInd.txt, trainlist01.txt, ...')
     require_file(args.dir_path / 'classInd.txt', 'classInd.txt',
                  'give the ucfTrainTestlist directory as dir_path')
-    require_dir(args.video_path, 'video_path',
-                'the frames (util_scripts.generate_video_jpgs) or the videos')
+    require_video_root(args.video_path)
 
     done = 0
     for split_index in (1, 2, 3):

@@ -21,6 +21,7 @@ from datasets.formats import (
     video_files,
 )
 from datasets.video import count_frames, iter_frames
+from utils.cli import Parser
 from utils.errors import DataError
 
 VIDEO_EXTS = set(VIDEO_EXTENSIONS)
@@ -50,6 +51,32 @@ def require_dir(path, what, hint=''):
         fail(f'{what} is not a directory: {path}' +
              (f' ({hint})' if hint else ''))
     return path
+
+
+def builder_parser(description, lists, lists_help, dst_help):
+    """The annotation builders' command line: the official lists (``lists``:
+    its name), the frames or videos whose frames are counted, where to write."""
+    parser = Parser(description=description)
+    parser.add_argument(lists, type=Path, help=lists_help)
+    parser.add_argument('video_path', type=Path,
+                        help='frame root: <label>/<video_id>/image_*.jpg, '
+                        '<label>/<video_id>.hdf5 or video files <label>/'
+                        '<video_id>.avi (.mp4, ...); used to count frames')
+    parser.add_argument('dst_path', type=Path, help=dst_help)
+    return parser
+
+
+def require_video_root(path):
+    return require_dir(path, 'video_path',
+                       'the frames (util_scripts.generate_video_jpgs) or the videos')
+
+
+def require_known_labels(database, labels, what):
+    """Stop when entries of the database name classes that are not in labels;
+    ``what`` says which file lists the classes and which uses others."""
+    unknown = sorted({v['annotations']['label'] for v in database.values()} - set(labels))
+    if unknown:
+        fail(f'{what}: {", ".join(unknown[:5])}')
 
 
 def n_jobs_value(n_jobs):
