@@ -17,9 +17,9 @@ import errno
 import os
 from pathlib import Path
 
-__all__ = ['FILE_TYPES', 'VIDEO_EXTENSIONS', 'HDF5_FRAME_KEYS', 'HDF5_SUFFIXES',
-           'frame_file_name', 'frame_number', 'frame_numbers', 'hdf5_frame_count',
-           'video_files', 'video_kind', 'frame_count']
+__all__ = ['FILE_TYPES', 'VIDEO_EXTENSIONS', 'HDF5_RGB_KEYS', 'HDF5_FLOW_KEYS', 'HDF5_FRAME_KEYS',
+           'HDF5_SUFFIXES', 'frame_file_name', 'frame_number', 'frame_numbers',
+           'hdf5_frame_count', 'video_files', 'video_kind', 'frame_count']
 
 FILE_TYPES = ('jpg', 'hdf5', 'video')
 # The one list of video containers: the annotation builders (util_scripts) and
@@ -28,7 +28,9 @@ FILE_TYPES = ('jpg', 'hdf5', 'video')
 # (tests/video_files.py, CORPUS).
 VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv', '.mpg', '.mpeg',
                     '.3gp', '.wmv', '.ogv')
-HDF5_FRAME_KEYS = ('video', 'video_u')  # rgb; flow has video_u and video_v of equal length
+HDF5_RGB_KEYS = ('video',)  # the hdf5 datasets of an RGB video: JPEG bytes per frame
+HDF5_FLOW_KEYS = ('video_u', 'video_v')  # optical flow: grayscale JPEGs, equal lengths
+HDF5_FRAME_KEYS = HDF5_RGB_KEYS + HDF5_FLOW_KEYS[:1]  # where a frame count looks
 HDF5_SUFFIXES = ('.hdf5', '.h5')  # what predict.py takes for an hdf5 video
 _FRAME_PREFIX, _FRAME_SUFFIX = 'image_', '.jpg'
 

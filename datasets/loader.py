@@ -30,7 +30,7 @@ import numpy as np
 import simplejpeg
 import torch
 
-from datasets.formats import frame_file_name
+from datasets.formats import HDF5_FLOW_KEYS, HDF5_RGB_KEYS, frame_file_name
 from datasets.open_files import OpenFiles
 from datasets.spatial_transforms import DCT_FACTORS
 from datasets.video import VideoClipLoader
@@ -251,7 +251,7 @@ class Hdf5ClipLoader:
     recently used closed first: datasets/open_files.py); files are opened
     lazily on first use and never shared between processes.
     """
-    keys: tuple[str, ...] = ('video',)
+    keys: tuple[str, ...] = HDF5_RGB_KEYS
     colorspace = 'RGB'
     defer_decoding = False  # True: the data set hands over DeferredClips
 
@@ -296,7 +296,7 @@ class Hdf5ClipLoader:
 class Hdf5FlowLoader(Hdf5ClipLoader):
     """Optical flow in hdf5: datasets ``video_u`` and ``video_v`` (grayscale
     JPEGs) -> uint8 (T, 2, H, W)."""
-    keys = ('video_u', 'video_v')
+    keys = HDF5_FLOW_KEYS
     colorspace = 'GRAY'
 
 

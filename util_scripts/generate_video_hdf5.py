@@ -22,7 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from datasets.formats import frame_file_name, frame_numbers
+from datasets.formats import HDF5_RGB_KEYS, frame_file_name, frame_numbers
 from utils.cli import Parser
 from utils.errors import DataError
 
@@ -47,7 +47,7 @@ def write_hdf5(frames, dst_file):
     tmp = dst_file.with_name(dst_file.name + '.tmp')
     try:
         with h5py.File(tmp, 'w') as h5:
-            h5.create_dataset('video', data=data,
+            h5.create_dataset(HDF5_RGB_KEYS[0], data=data,
                               dtype=h5py.vlen_dtype(np.uint8))
         os.replace(tmp, dst_file)
     finally:
