@@ -122,15 +122,19 @@ def check_frames(items, mode: str = 'all', file_type: str = 'jpg', input_type: s
         cache_file = Path(cache_dir) / f'{cache_key(items, mode, file_type, input_type)}.ok'
         if cache_file.is_file():
             return []
-    check = _make_check(mode, file_type, input_type, items)
-    if len(items) > 64 and n_threads > 1:
-        with ThreadPoolExecutor(n_threads) as pool:
-            problems = [p for p in pool.map(check, items, chunksize=64) if p]
-    else:
-        problems = [p for p in map(check, items) if p]
+    problems = _problems(_make_check(mode, file_type, input_type, items), items, n_threads)
     if not problems and cache_file is not None:
         _write_cache(cache_file, len(items), mode)
     return problems
+
+
+def _problems(check, items, n_threads: int) -> list[str]:
+    """The non-empty results of ``check`` over ``items``, in order; many items
+    run on a thread pool."""
+    if len(items) > 64 and n_threads > 1:
+        with ThreadPoolExecutor(n_threads) as pool:
+            return [p for p in pool.map(check, items, chunksize=64) if p]
+    return [p for p in map(check, items) if p]
 
 
 def _make_check(mode: str, file_type: str, input_type: str, items):
@@ -233,11 +237,8 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
         items = random.Random(0).sample(items, n_sample)
     if listing:
         problems = check_frames(items, mode, file_type, input_type, n_threads, cache_dir)
-    elif len(items) > 64 and n_threads > 1:
-        with ThreadPoolExecutor(n_threads) as pool:
-            problems = [p for p in pool.map(_check_one, items, chunksize=64) if p]
     else:
-        problems = [p for p in map(_check_one, items) if p]
+        problems = _problems(_check_one, items, n_threads)
     if problems:
         fix = ('re-extract the frames of these videos (util_scripts generate_video_jpgs / '
                'generate_video_hdf5) and rebuild the annotation file, or remove their entries; '
