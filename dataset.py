@@ -189,15 +189,15 @@ def eval_views(opt, n_clips, stride, crop):
     return temporal, spatial
 
 
-def _loader(opt, short_side=None, defer_decoding=False):
-    return clip_loader(opt.file_type, opt.input_type, short_side,
-                       opt.result_path / INDEX_CACHE_DIR / 'frames', defer_decoding)
-
-
-def _eval_loader(opt, record):
+def eval_loader(file_type, input_type, sample_size, index_dir=None, defer_decoding=False):
+    """The clip loader of validation, inference and predict.py."""
     # The eval transforms resize the short side to sample_size first: video
     # frames are converted at that size (FFmpeg's scaler), the resize is then a no-op.
-    return _loader(opt, short_side=opt.sample_size, defer_decoding=record.decode_on_device)
+    return clip_loader(file_type, input_type, sample_size, index_dir, defer_decoding)
+
+
+def _index_dir(opt):
+    return opt.result_path / INDEX_CACHE_DIR / 'frames'
 
 
 def get_training_data(opt, record, ctx=None):
@@ -213,7 +213,8 @@ def get_training_data(opt, record, ctx=None):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale,
                                     randaugment=opt.randaugment, random_erasing=opt.random_erasing)
-    loader = _loader(opt, defer_decoding=record.decode_on_device)
+    loader = clip_loader(opt.file_type, opt.input_type, index_dir=_index_dir(opt),
+                         defer_decoding=record.decode_on_device)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -221,7 +222,8 @@ def get_validation_data(opt, record, ctx=None):
     """One item per video: n_val_samples clips spread evenly over it."""
     records, class_names = _records(opt, record, 'validation', ctx)
     temporal, spatial = eval_views(opt, opt.n_val_samples, 0, 'center')
-    loader = _eval_loader(opt, record)
+    loader = eval_loader(opt.file_type, opt.input_type, opt.sample_size, _index_dir(opt),
+                         record.decode_on_device)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -232,7 +234,8 @@ def get_inference_data(opt, record, ctx=None):
     records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset], ctx)
     temporal, spatial = eval_views(opt, opt.inference_n_clips, opt.inference_stride,
                                    opt.inference_crop)
-    loader = _eval_loader(opt, record)
+    loader = eval_loader(opt.file_type, opt.input_type, opt.sample_size, _index_dir(opt),
+                         record.decode_on_device)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names
 

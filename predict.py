@@ -187,13 +187,11 @@ def frame_count(video):
 
 class InputLoader:
     """``loader(path, positions)`` for a mix of frame folders, hdf5 and video
-    files: the clip loader of each path's kind (dataset.clip_loader; video
-    frames converted at ``short_side``)."""
+    files: the clip loader ``make(kind)`` of each path's kind."""
 
-    def __init__(self, kinds, input_type='rgb', short_side=None):
+    def __init__(self, kinds, make):
         self.kinds = dict(kinds)  # path -> kind
-        self.loaders = {kind: data.clip_loader(kind, input_type, short_side)
-                        for kind in set(self.kinds.values())}
+        self.loaders = {kind: make(kind) for kind in set(self.kinds.values())}
 
     def __call__(self, path, positions):
         return self.loaders[self.kinds[path]](path, positions)
@@ -247,9 +245,8 @@ def measure_videos(videos, failures, progress=False):
 
 def build_dataset(records, videos, options, n_clips, stride, crop):
     temporal, spatial = view_transforms(options, n_clips, stride, crop)
-    # the loaders of main.py's --inference: video frames converted at the eval size
-    loader = InputLoader({v.path: v.kind for v in videos}, options.input_type,
-                         short_side=options.sample_size)
+    loader = InputLoader({v.path: v.kind for v in videos},  # main.py's inference loaders
+                         lambda kind: data.eval_loader(kind, options.input_type, options.sample_size))
     return VideoWindowDataset(records, loader, temporal, spatial)
 
 
@@ -421,7 +418,8 @@ def write_window_outputs(args, video, record, scores, class_names, input_type):
     if args.output_video is not None:
         if input_type != 'rgb':
             raise OptionError('--output_video needs an RGB checkpoint (this one takes flow)')
-        loader = InputLoader({video.path: video.kind}, input_type)
+        loader = InputLoader({video.path: video.kind},  # full-size frames
+                             lambda kind: data.clip_loader(kind, input_type))
         n = record.n_frames
         chunks = (loader(video.path, list(range(a, min(a + 64, n)))) for a in range(0, n, 64))
         written = write_labelled_video(args.output_video, chunks,

@@ -2,6 +2,7 @@
 from the checkpoint alone, the same answer as --inference for a frame folder, an
 hdf5 file and an .mp4; the features file; the report after inference; a
 validation-only run's val.log and TensorBoard confusion matrix."""
+import argparse
 import json
 import shutil
 
@@ -12,6 +13,7 @@ import torch
 
 import main
 import predict
+from opts import build_parser
 from tests.conftest import tiny_args
 from utils.errors import DataError
 from utils.logs import read_tsv
@@ -109,7 +111,7 @@ def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys
 @pytest.mark.parametrize('size', [None, (56, 44)], ids=['as_jpgs', 'larger'])
 def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, size):
     """Also with frames larger than --sample_size: predict.py's loaders are
-    main.py's (dataset.clip_loader), converting video frames at the eval size."""
+    main.py's (dataset.eval_views, dataset.eval_loader): video frames converted alike."""
     from tests.video_files import videos_from_jpgs
     video_path, annotation_path, out, val = trained
     mp4_root = videos_from_jpgs(video_path, tmp_path / 'mp4', size=size)
@@ -127,8 +129,9 @@ def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, 
     assert list(printed) == [v]
     assert printed[v][0]['label'] == inferred[v][0]['label']
     assert _scores(printed[v]) == pytest.approx(_scores(inferred[v]), abs=1e-5)
+    flow = argparse.Namespace(**{**vars(build_parser().parse_args([])), 'input_type': 'flow'})
     with pytest.raises(DataError, match=r'optical flow \(--input_type flow\) is read from hdf5'):
-        predict.InputLoader({str(mp4): 'video'}, 'flow')
+        predict.build_dataset([], [predict.VideoInput(v, str(mp4), 'video')], flow, 2, 0, 'center')
 
 
 def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_path, capsys):
