@@ -7,8 +7,7 @@ A run is five stages, read top to bottom in `run_stages`: prepare (what the
 options mean on this machine), load_data (every data set, checked before any
 training), restore (model, pretrained or resumed weights, frozen layers), fit
 (the epoch loop) or evaluate (validation only), and infer. What a checkpoint
-holds, written and read, is checkpoint.py's; the processes and their failures
-are utils/launch.py's; the logs utils/logs.py's.
+holds is checkpoint.py's; processes and failures utils/launch.py's; logs utils/logs.py's.
 
 As a command it parses its options before anything else is imported: -h, an
 unknown option and every option error answer at once, not after the seconds
