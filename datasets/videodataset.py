@@ -52,7 +52,7 @@ def collate(items):
     bad = next((item for item in items if isinstance(item, BadVideo)), None)
     if bad is not None:
         return bad
-    if isinstance(items[0][0], DeferredClip):
+    if isinstance(items[0], (tuple, list)) and isinstance(items[0][0], DeferredClip):
         return [DeferredBatch(item[0] for item in items),
                 *default_collate([item[1:] for item in items])]
     return default_collate(items)
