@@ -210,6 +210,7 @@ def _read_segment(path: Path) -> dict[str, np.ndarray] | None:
         if meta.get('version') != FRAMES_VERSION:
             return None
         base = 8 + n
+        blob = np.asarray(blob)  # plain views of the map: numpy's memmap class is slow to index
         return {name: blob[base + off:base + off + count * np.dtype(dt).itemsize].view(dt)
                 for name, (dt, off, count) in meta['arrays'].items()}
     except (OSError, ValueError, KeyError, TypeError):
@@ -258,6 +259,30 @@ def _pack_indexes(entries: list[tuple[int, int, int, object]]) -> dict[str, np.n
     return arrays
 
 
+def _gather(parts: list[np.ndarray], offsets: list[np.ndarray], rows: np.ndarray):
+    """(values, offsets) of the ragged rows ``rows`` (indexes into the segments' rows
+    laid end to end) of arrays ``parts`` with per-segment offsets ``offsets``."""
+    bases = np.cumsum([0] + [len(p) for p in parts[:-1]])
+    starts = np.concatenate([o[:-1] + b for o, b in zip(offsets, bases)])[rows]
+    counts = np.concatenate([np.diff(o) for o in offsets])[rows]
+    new_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    take = np.repeat(starts - new_offsets[:-1], counts) + np.arange(new_offsets[-1])
+    return np.concatenate(parts)[take], new_offsets
+
+
+def _merge(segments: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One segment of ``segments`` (newest first): per video (path hash) the newest row."""
+    _, rows = np.unique(np.concatenate([s['hash'] for s in segments]), return_index=True)
+    out = {name: np.concatenate([s[name] for s in segments])[rows]
+           for name in _ROWS if not name.endswith('_off')}
+    out['pts'], out['pts_off'] = _gather([s['pts'] for s in segments],
+                                         [s['pts_off'] for s in segments], rows)
+    for name in ('key_pos', 'key_pts', 'key_seek'):
+        out[name], out['key_off'] = _gather([s[name] for s in segments],
+                                            [s['key_off'] for s in segments], rows)
+    return {name: out[name].astype(dtype) for name, dtype in {**_ROWS, **_RAGGED}.items()}
+
+
 def _unpack(seg: dict[str, np.ndarray], i: int):
     from datasets.video import FrameIndex
     n, flags = int(seg['n_frames'][i]), int(seg['flags'][i])
@@ -289,15 +314,17 @@ class FrameTable:
     and ranks writing at once do not clash."""
 
     def __init__(self, folder):
-        self.folder = Path(folder)
+        self.folder = Path(folder) if folder is not None else None  # None: kept in memory only
         self._pid = None
         self._segments: list[dict[str, np.ndarray]] = []
-        self._pending: list[tuple] = []
+        self._pending: dict[tuple, object] = {}  # key -> FrameIndex, not yet written
 
     def __getstate__(self):
-        return {'folder': self.folder, '_pid': None, '_segments': [], '_pending': []}
+        return {'folder': self.folder, '_pid': None, '_segments': [], '_pending': {}}
 
     def _files(self) -> list[Path]:
+        if self.folder is None:
+            return []
         try:
             return sorted(self.folder.glob('frames_*.npy'), key=lambda p: p.name, reverse=True)
         except OSError:
@@ -307,7 +334,7 @@ class FrameTable:
         """In a new process (a forked worker): map the segments there are now."""
         if self._pid == os.getpid():
             return
-        self._pid, self._pending = os.getpid(), []
+        self._pid, self._pending = os.getpid(), {}
         self._segments = [s for s in map(_read_segment, self._files()) if s is not None]
         from multiprocessing import util
         util.Finalize(self, FrameTable.flush, args=(self,), exitpriority=10)
@@ -325,33 +352,36 @@ class FrameTable:
         except OSError:
             return None, None
         key = (path_hash(path), st.st_size, st.st_mtime_ns)
+        return self.lookup(key), key
+
+    def lookup(self, key):
+        """The FrameIndex stored under ``key`` (path hash, size, mtime_ns), or None."""
+        self._fresh()
         for seg in self._segments:
             i = int(np.searchsorted(seg['hash'], np.uint64(key[0])))
             while i < len(seg['hash']) and int(seg['hash'][i]) == key[0]:
                 if seg['size'][i] == key[1] and seg['mtime'][i] == key[2]:
-                    return _unpack(seg, i), key
+                    return _unpack(seg, i)
                 i += 1
-        for pending_key, index in self._pending:
-            if pending_key == key:
-                return index, key
-        return None, key
+        return self._pending.get(key)
 
     def add(self, key, index) -> None:
         self._fresh()
-        self._pending.append((key, index))
+        self._pending[key] = index
         if len(self._pending) >= FLUSH_EVERY:
             self.flush()
 
     def flush(self) -> None:
         """Write the indexes this process added as a new segment."""
-        if not self._pending or self._pid != os.getpid():
+        if not self._pending or self._pid != os.getpid() or self.folder is None:
             return
         name = f'frames_{time.time_ns():020d}_{os.getpid()}_{secrets.token_hex(4)}.npy'
         try:
-            _write_segment(self.folder / name, _pack_indexes([(*k, index) for k, index in self._pending]))
+            entries = [(*key, index) for key, index in self._pending.items()]
+            _write_segment(self.folder / name, _pack_indexes(entries))
         except OSError:
             return  # a cache: not writing it only costs demuxing again
-        self._pending = []
+        self._pending = {}
         segment = _read_segment(self.folder / name)
         if segment is not None:
             self._segments.insert(0, segment)
@@ -359,20 +389,21 @@ class FrameTable:
     def compact(self) -> None:
         """Merge the segments into one when there are more than COMPACT_ABOVE (at the
         start of a run: each epoch's workers may have added one).  Newest entry of a
-        video wins; inputs are removed only after the merged file is in place."""
+        video wins; inputs are removed only after the merged file is in place.  A
+        listed file gone when read means another rank is compacting: left to it."""
         files = self._files()
         if len(files) <= COMPACT_ABOVE:
             return
-        entries, seen = [], set()
-        for path in files:  # newest first
+        segments = []
+        for path in files:
             seg = _read_segment(path)
-            for i in range(len(seg['hash']) if seg is not None else 0):
-                key = (int(seg['hash'][i]), int(seg['size'][i]), int(seg['mtime'][i]))
-                if key[0] not in seen:
-                    seen.add(key[0])
-                    entries.append((*key, _unpack(seg, i)))
+            if seg is None and not path.exists():
+                return
+            if seg is not None:  # a damaged one is dropped
+                segments.append(seg)
         newest = files[0].name
-        _write_segment(self.folder / f'{newest[:-4]}_merged.npy', _pack_indexes(entries))
+        merged = _merge(segments) if segments else _pack_indexes([])
+        _write_segment(self.folder / f'{newest[:-4]}_merged.npy', merged)
         for path in files:
             path.unlink(missing_ok=True)
         self._pid = None  # map the merged file on next use

@@ -174,3 +174,51 @@ def test_segments_are_merged_newest_first_and_damaged_ones_ignored(four_videos, 
     assert len(merged) == len(four_videos)
     for path in four_videos:
         assert same_index(merged.get(str(path))[0], scanned_index(path))
+
+
+def test_a_merge_keeps_the_newest_index_of_a_video(four_videos, tmp_path):
+    from datasets.video_index import COMPACT_ABOVE, FrameTable, path_hash
+    h = path_hash('/v/x.mp4')
+    old, new = scanned_index(four_videos[0]), scanned_index(four_videos[1])
+    for i in range(COMPACT_ABOVE + 1):
+        table = FrameTable(tmp_path)
+        table.add((h, 1, 1) if i == 0 else (path_hash(f'/v/{i}.mp4'), 5, 5), old)
+        table.flush()
+    table = FrameTable(tmp_path)
+    table.add((h, 2, 2), new)  # the video changed: written last
+    table.flush()
+    FrameTable(tmp_path).compact()
+    merged = FrameTable(tmp_path)
+    assert len(merged) == COMPACT_ABOVE + 1
+    assert merged.lookup((h, 1, 1)) is None and same_index(merged.lookup((h, 2, 2)), new)
+    assert same_index(merged.lookup((path_hash('/v/3.mp4'), 5, 5)), old)
+
+
+def test_a_compaction_stops_where_another_rank_is_compacting(four_videos, tmp_path,
+                                                                monkeypatch):
+    """Ranks start at once and each calls compact(): one whose listed file vanished
+    before it read it leaves the merge to the rank that removed it (before, it went on
+    and could replace that rank's merged file with one lacking the vanished videos)."""
+    import datasets.video_index as video_index
+    from datasets.video_index import COMPACT_ABOVE, FrameTable
+    for i in range(COMPACT_ABOVE + 1):
+        table = FrameTable(tmp_path)
+        table.add((i, 1, 1), scanned_index(four_videos[0]))
+        table.flush()
+    files = sorted(tmp_path.glob('frames_*.npy'))
+    read = video_index._read_segment
+
+    def other_rank_merged_first(path):
+        files[0].unlink(missing_ok=True)
+        return read(path)
+    monkeypatch.setattr(video_index, '_read_segment', other_rank_merged_first)
+    FrameTable(tmp_path).compact()
+    assert sorted(tmp_path.glob('frames_*.npy')) == files[1:]  # nothing written, nothing removed
+
+
+def test_a_compaction_of_damaged_segments_only_leaves_an_empty_table(tmp_path):
+    from datasets.video_index import COMPACT_ABOVE, FrameTable
+    for i in range(COMPACT_ABOVE + 1):
+        (tmp_path / f'frames_{i:020d}_1_abcd.npy').write_bytes(b'not a segment')
+    FrameTable(tmp_path).compact()  # raised ValueError (nothing to concatenate) before
+    assert len(list(tmp_path.glob('frames_*.npy'))) == 1 and len(FrameTable(tmp_path)) == 0
