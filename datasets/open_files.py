@@ -5,10 +5,12 @@ pickled (DataLoader workers started by spawn) and in a forked child. What a
 child inherits is set aside, unused, for the child's lifetime, never closed:
 freeing a decoder or scaler whose parent ran it with threads waits for those
 threads, which the child does not have (a DataLoader worker hung so when the
-main process had decoded before forking it).
+main process had decoded before forking it), nor is the garbage it
+inherited collected (tests/test_video_workers.py).
 """
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 from collections import OrderedDict
@@ -89,6 +91,10 @@ class OpenFiles:
 def _after_fork_in_child() -> None:
     for cache in list(_CACHES):  # also caches of loaders that are garbage not yet collected
         cache._set_aside()
+    # Garbage the parent had not collected yet (a container a traceback's frames
+    # held in a cycle) is inherited too: the child's collector leaves all it
+    # inherited alone, and collects only what the child itself allocates.
+    gc.freeze()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

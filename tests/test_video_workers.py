@@ -84,3 +84,30 @@ def test_workers_forked_after_the_main_process_decoded(tmp_path):
     data = DataLoader(ClipsOf(paths, loader), batch_size=None, num_workers=1, timeout=60)
     assert [item[0] for item in data] == [4, 4, 4]
     assert torch.equal(loader(paths[0], [2]), VideoClipLoader(threads=1)(paths[0], [2]))
+
+
+def _collect_and_exit():
+    import gc
+    gc.collect()
+    os._exit(0)
+
+
+def test_a_forked_child_never_frees_garbage_it_inherited(tmp_path):
+    """A container the main process decoded with FFmpeg's threads and dropped in a
+    reference cycle (a traceback's frames hold one so) is garbage not yet
+    collected when a worker forks: the child's collector must not free it (it
+    waited forever for threads the child does not have)."""
+    import multiprocessing
+
+    from datasets.video import _decode_positions, _OpenVideo, _reformatter
+    video = _OpenVideo(str(videos(tmp_path, 1)[0]), threads=0)
+    _decode_positions(video, [0, 1, 2], (None, _reformatter()), {})
+    cycle = [video]
+    cycle.append(cycle)
+    del video, cycle
+    child = multiprocessing.get_context('fork').Process(target=_collect_and_exit)
+    child.start()
+    child.join(60)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0
