@@ -1,6 +1,6 @@
 """Annotation files -> compact per-video records.
 
-Formats (see the project's data-format notes):
+Formats (docs/data.md, File formats):
 
 * kinetics / ucf101 / hmdb51 / mit / synthetic: ``{"labels": [...], "database":
   {video_id: {"subset", "annotations": {"label", "segment": [b, e]},

@@ -4,7 +4,7 @@ a per-class report and a confusion-matrix picture.
 python -m util_scripts.eval_accuracy GT_JSON RESULT_JSON [-k 1] [--subset validation] [--save]
     [--ignore] [--report] [--confusion PATH.png]
 
-GT_JSON is an annotation JSON (data_formats.md); RESULT_JSON is what
+GT_JSON is an annotation JSON (docs/data.md, File formats); RESULT_JSON is what
 inference writes: {"results": {video_id: [{"label", "score"}, ...]}}, or the
 per-clip form {"results": {video_id: [{"segment", "result": [...]}, ...]}},
 whose scores are averaged over the clips of each video first. Every

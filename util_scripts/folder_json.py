@@ -6,7 +6,7 @@ python -m util_scripts.folder_json ROOT OUT.json [--val_fraction 0.2] [--test_fr
 ROOT holds one folder per class: ROOT/<class>/<video>.mp4 (any container the
 video loader reads), ROOT/<class>/<video>/image_00001.jpg ... (frames written
 by generate_video_jpgs) or ROOT/<class>/<video>.hdf5. The file is in the
-predecessor's format (data_formats.md): labels are the class folders, sorted;
+predecessor's format (docs/data.md, File formats): labels are the class folders, sorted;
 frame counts are taken as the other builders take them (jpg: 1-based [1, n+1],
 hdf5 and video files: 0-based [0, n]); videos that cannot be read are listed
 and left out.

@@ -206,7 +206,7 @@ def video_segment(video_root, label_dir, video_id, video_type=None):
     """Return (segment, problem, how) for one video on disk.
 
     jpg folders give the 1-based [1, n + 1], hdf5 files and video files the
-    0-based [0, n] (data_formats.md). video_type None looks for a folder,
+    0-based [0, n] (docs/data.md, File formats). video_type None looks for a folder,
     then a .hdf5 file, then a video file. problem is None or a key of
     PROBLEMS; segment is None when the video cannot be used at all; how is
     'container' or 'decoded' for video files, else None.
