@@ -91,10 +91,12 @@ class OpenFiles:
 def _after_fork_in_child() -> None:
     for cache in list(_CACHES):  # also caches of loaders that are garbage not yet collected
         cache._set_aside()
-    # Garbage the parent had not collected yet (a container a traceback's frames
-    # held in a cycle) is inherited too: the child's collector leaves all it
-    # inherited alone, and collects only what the child itself allocates.
-    gc.freeze()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# Garbage the parent had not collected yet (a container a traceback's frames held
+# in a cycle) is inherited too: everything is frozen for the fork, so the child's
+# collector, even one that runs inside the fork hooks, leaves what the child
+# inherited alone and collects only what it allocates itself; the parent's
+# collector takes its objects back at once.
+os.register_at_fork(before=gc.freeze, after_in_parent=gc.unfreeze,
+                    after_in_child=_after_fork_in_child)
