@@ -189,11 +189,12 @@ def eval_views(opt, n_clips, stride, crop):
     return temporal, spatial
 
 
-def eval_loader(file_type, input_type, sample_size, index_dir=None, defer_decoding=False):
+def eval_loader(file_type, input_type, index_dir=None, defer_decoding=False):
     """The clip loader of validation, inference and predict.py."""
-    # The eval transforms resize the short side to sample_size first: video
-    # frames are converted at that size (FFmpeg's scaler), the resize is then a no-op.
-    return clip_loader(file_type, input_type, sample_size, index_dir, defer_decoding)
+    # The eval transforms resize the short side to sample_size first: video frames
+    # are converted to RGB at the scale their planned crop needs (FFmpeg's scaler at
+    # 1/2 from 240-pixel frames to 112), as JPEG frames are decoded at it.
+    return clip_loader(file_type, input_type, None, index_dir, defer_decoding)
 
 
 def _index_dir(opt):
@@ -222,7 +223,7 @@ def get_validation_data(opt, record, ctx=None):
     """One item per video: n_val_samples clips spread evenly over it."""
     records, class_names = _records(opt, record, 'validation', ctx)
     temporal, spatial = eval_views(opt, opt.n_val_samples, 0, 'center')
-    loader = eval_loader(opt.file_type, opt.input_type, opt.sample_size, _index_dir(opt),
+    loader = eval_loader(opt.file_type, opt.input_type, _index_dir(opt),
                          record.decode_on_device)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
@@ -234,7 +235,7 @@ def get_inference_data(opt, record, ctx=None):
     records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset], ctx)
     temporal, spatial = eval_views(opt, opt.inference_n_clips, opt.inference_stride,
                                    opt.inference_crop)
-    loader = eval_loader(opt.file_type, opt.input_type, opt.sample_size, _index_dir(opt),
+    loader = eval_loader(opt.file_type, opt.input_type, _index_dir(opt),
                          record.decode_on_device)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names

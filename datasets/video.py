@@ -10,16 +10,19 @@ works on the videos.
 * :func:`iter_frames` -- every frame once, in order (optionally resampled to a
   frame rate and resized), for the preparation tools.
 * :class:`VideoClipLoader` -- the ``--file_type video`` clip loader: seeks to
-  the keyframe before a clip and decodes only up to its last frame.
+  the keyframe before a clip and decodes only up to its last frame; its ``read``
+  gives a :class:`VideoClip`, whose frames FFmpeg's scaler converts to RGB at the
+  scale the clip's planned crop needs (1/2, 1/4, 1/8: the JPEG path's rule).
 * :func:`count_frames` -- frame count from the container header or by decoding.
 
 Rotated (phone) videos come out upright: the display matrix is applied.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -28,8 +31,9 @@ import torch
 from datasets.open_files import OpenFiles
 from utils.errors import DataError
 
-__all__ = ['FrameIndex', 'VideoClipLoader', 'container_frames',
-           'count_frames', 'iter_frames', 'read_video', 'scaled_size', 'scan_frame_index']
+__all__ = ['FrameIndex', 'VideoClip', 'VideoClipLoader', 'container_frames',
+           'count_frames', 'iter_frames', 'read_video', 'reduced_size', 'scaled_size',
+           'scan_frame_index']
 
 # Containers whose header frame count is the number of coded frames (a sample table).
 EXACT_COUNT_FORMATS = ('mov', 'mp4')
@@ -76,34 +80,93 @@ def _quarter_turns(frame) -> int:
 
 
 class _Scaler:
-    """One per loader / video: FFmpeg's scaler context is kept between frames
+    """One per loader / video: FFmpeg's scaler contexts are kept between frames
     (``frame.to_ndarray(format=...)`` builds a new one per frame: ~10x slower).
     ``threads``: the scaler's threads (0, PyAV's default: one per core)."""
 
     def __init__(self, threads: int = 0):
         from av.video.reformatter import VideoReformatter
         self.reformatter, self.threads = VideoReformatter(), threads
+        self._reducer = None  # a second context: the reduction's, so neither is rebuilt per frame
 
     def reformat(self, frame, **kwargs):
         return self.reformatter.reformat(frame, threads=self.threads, **kwargs)
+
+    def reduce(self, frame, width: int, height: int, format: str | None = None):
+        """``frame`` scaled to width x height by pixel averaging, in ``format`` (None:
+        its own pixel format)."""
+        if self._reducer is None:
+            from av.video.reformatter import VideoReformatter
+            self._reducer = VideoReformatter()
+        return self._reducer.reformat(frame, width=width, height=height, format=format,
+                                      interpolation='AREA', threads=self.threads)
 
 
 def _reformatter(threads: int = 0) -> _Scaler:
     return _Scaler(threads)
 
 
-def _to_array(frame, short_side: int | None, reformatter,
-              interpolation: str = 'BILINEAR') -> np.ndarray:
-    """Upright RGB (H, W, 3) uint8 of ``frame``, short side resized to ``short_side``."""
-    turns = _quarter_turns(frame)
-    w, h = frame.width, frame.height
+def _stored_size(width: int, height: int, turns: int, short_side: int | None) -> tuple[int, int]:
+    """(width, height) to convert a stored ``width`` x ``height`` frame to, so that once
+    turned upright its short side is ``short_side`` (None: unchanged)."""
     if turns % 2:  # the stored frame is sideways: scale it so that it is right once turned
-        upright_w, upright_h = scaled_size(h, w, short_side)
-        size = (upright_h, upright_w)
+        upright_w, upright_h = scaled_size(height, width, short_side)
+        return upright_h, upright_w
+    return scaled_size(width, height, short_side)
+
+
+def _to_array(frame, short_side: int | None, reformatter,
+              interpolation: str = 'BILINEAR', turns: int | None = None) -> np.ndarray:
+    """Upright RGB (H, W, 3) uint8 of ``frame``, short side resized to ``short_side``;
+    ``turns``: its quarter turns if known (reading the display matrix costs ~10 us)."""
+    if turns is None:
+        turns = _quarter_turns(frame)
+    w, h = frame.width, frame.height
+    size = _stored_size(w, h, turns, short_side)
+    if size == (w, h):  # no scaling (the scaler's cheaper path)
+        array = reformatter.reformat(frame, format='rgb24').to_ndarray()
     else:
-        size = scaled_size(w, h, short_side)
-    array = reformatter.reformat(frame, format='rgb24', width=size[0], height=size[1],
-                                 interpolation=interpolation).to_ndarray()
+        array = reformatter.reformat(frame, format='rgb24', width=size[0], height=size[1],
+                                     interpolation=interpolation).to_ndarray()
+    return np.rot90(array, turns) if turns else array
+
+
+# Decoders' formats FFmpeg scales well in place (planar YUV, NV12, gray); others
+# (paletted, packed RGB) are scaled in the conversion to RGB.
+_SCALED_IN_PLACE = ('yuv', 'yuvj', 'nv', 'gray')
+
+
+def _reduced_format(name: str, factor: int) -> str | None:
+    """The pixel format to reduce a frame of format ``name`` in: its own (None) at
+    1/2; at 1/4 and 1/8 4:4:4, so that the colour keeps the output's resolution
+    (reduced in 4:2:0 it would be at half of it: 3.1 levels from full-size
+    conversion + resize to 56 instead of 1.9, tests/test_video_scaling.py)."""
+    if factor < 4 or name.startswith('gray'):
+        return None
+    return 'yuvj444p' if name.startswith('yuvj') else 'yuv444p'
+
+
+def reduced_size(height: int, width: int, factor: int) -> tuple[int, int]:
+    """(height, width) at 1/factor: each side rounded up, as libjpeg's DCT scaling
+    (so that ClipPlan.box_at places a crop box alike for JPEG and video frames)."""
+    return -(-height // factor), -(-width // factor)
+
+
+def _reduced_array(frame, factor: int, scaler: _Scaler, turns: int) -> np.ndarray:
+    """Upright RGB (H, W, 3) uint8 of ``frame`` at 1/factor of its size (sides rounded
+    up): scaled in YUV by pixel averaging (see _reduced_format), then converted to
+    RGB by the same unscaled conversion as full-size frames.  Scaling straight to
+    rgb24 takes swscale's generic path: measured on 320x240 H.264 frames at 1/2,
+    about 3x the time of both steps here (197 against 68 us a frame), and its
+    colours differ from the full-size conversion's by about a level."""
+    height, width = reduced_size(frame.height, frame.width, factor)
+    name = frame.format.name
+    if name.startswith(_SCALED_IN_PLACE):
+        reduced = scaler.reduce(frame, width, height, _reduced_format(name, factor))
+        array = scaler.reformat(reduced, format='rgb24').to_ndarray()
+    else:
+        array = scaler.reformat(frame, format='rgb24', width=width, height=height,
+                                interpolation='AREA').to_ndarray()
     return np.rot90(array, turns) if turns else array
 
 
@@ -196,11 +259,31 @@ class FrameIndex:
     n_frames: int
     truncated: bool = False
     expected: int | None = None
+    # for lookups without numpy calls per frame: the keyframes as lists, and
+    # (first pts, step) when the timestamps lie on a grid (a constant frame rate)
+    _keys: list = field(init=False, repr=False, compare=False)
+    _key_pts: list = field(init=False, repr=False, compare=False)
+    _grid: tuple | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, '_keys', np.asarray(self.key_pos).tolist())
+        set_(self, '_key_pts', np.asarray(self.key_pts).tolist())
+        grid = None
+        if self.pts is not None and len(self.pts):
+            steps = np.diff(self.pts)
+            step = int(steps[0]) if len(steps) else 1
+            if step > 0 and (steps == step).all():
+                grid = (int(self.pts[0]), step)
+        set_(self, '_grid', grid)
 
     def position(self, pts) -> int:
         """Position of the frame with timestamp ``pts``; -1 if no frame has it."""
         if pts is None or self.pts is None:
             return -1
+        if self._grid is not None:
+            p, off = divmod(pts - self._grid[0], self._grid[1])
+            return p if off == 0 and 0 <= p < self.n_frames else -1
         p = int(np.searchsorted(self.pts, pts))
         return p if p < len(self.pts) and self.pts[p] == pts else -1
 
@@ -208,12 +291,12 @@ class FrameIndex:
         """Index of the keyframe whose timestamp is ``pts``; -1 if none is."""
         if pts is None:
             return -1
-        k = int(np.searchsorted(self.key_pts, pts))
-        return k if k < len(self.key_pts) and self.key_pts[k] == pts else -1
+        k = bisect.bisect_left(self._key_pts, pts)
+        return k if k < len(self._key_pts) and self._key_pts[k] == pts else -1
 
     def keyframe_before(self, position: int) -> int:
         """Index (in key_pos) of the last keyframe at or before ``position``; -1 if none."""
-        return int(np.searchsorted(self.key_pos, position, side='right')) - 1
+        return bisect.bisect_right(self._keys, position) - 1
 
 
 def _scan_packets(container, stream):
@@ -365,6 +448,7 @@ class _OpenVideo:
 
     def __init__(self, path: str, threads: int, index: FrameIndex | None = None):
         self.path, self.threads = path, threads
+        self.reader = None  # the VideoClip decoding from it (loader.read)
         self._open_container()
         if index is None:
             index = scan_frame_index(self.container, self.stream)
@@ -424,14 +508,15 @@ def _trusted_frames(video: _OpenVideo, k: int) -> Iterator[tuple[int, object]]:
     landed, packets = _land(video, k)
     if landed is None:
         return
-    start, corrupt, index = landed.pts, set(), video.index
+    start, corrupt, position = landed.pts, set(), video.index.position
     for packet in itertools.chain([landed], packets):
         if packet.is_corrupt:
             corrupt.add(packet.pts)
         for frame in packet.decode():
-            if frame.pts is None or frame.pts < start or frame.is_corrupt or frame.pts in corrupt:
+            pts = frame.pts
+            if pts is None or pts < start or pts in corrupt or frame.is_corrupt:
                 continue
-            p = index.position(frame.pts)
+            p = position(pts)
             if p >= 0:
                 yield p, frame
 
@@ -444,35 +529,44 @@ def _counted_frames(video: _OpenVideo, k: int) -> Iterator[tuple[int, object]]:
             yield p, frame
 
 
-def _decode_positions(video: _OpenVideo, uniq: list[int], convert: tuple,
-                      stats: dict) -> dict[int, np.ndarray]:
-    """{position: (H, W, 3) array} of the sorted distinct ``uniq`` positions that
-    decode (a position missing from the result did not); ``convert``: (short_side,
-    reformatter).  Each stretch of positions is decoded from the keyframe before it;
-    a later stretch past another keyframe is reached by seeking forward.  Counts the
-    frames decoded in ``stats['decoded']``."""
+# A forward seek drops the frames the decoder holds back for reordering (2-4) and
+# costs a demuxer seek: frames up to this many are skipped by decoding them instead.
+SKIP_BY_DECODING = 4
+
+
+def _worth_seeking(index: FrameIndex, k: int, p: int, target: int) -> bool:
+    """Whether to seek forward from position ``p`` (decoding started at keyframe ``k``)
+    to reach ``target``: a later keyframe lies at or before it and far enough ahead."""
+    k_target = index.keyframe_before(target)
+    return k_target > max(k, index.keyframe_before(p)) and \
+        index._keys[k_target] - p > SKIP_BY_DECODING + 1
+
+
+def _wanted_frames(video: _OpenVideo, uniq: list[int], stats: dict) -> Iterator[tuple[int, object]]:
+    """(position, frame) of the sorted distinct ``uniq`` positions that decode, in
+    order (a position left out did not).  Each stretch of positions is decoded from
+    the keyframe before it; a later stretch past another keyframe is reached by
+    seeking forward (when that skips more than SKIP_BY_DECODING frames).  Counts
+    the frames decoded in ``stats['decoded']``."""
     index = video.index
     frames_from = _trusted_frames if index.pts is not None else _counted_frames
-    out: dict[int, np.ndarray] = {}
-    i = 0
-    while i < len(uniq):
-        k = index.keyframe_before(uniq[i])
-        for p, frame in frames_from(video, k):
-            stats['decoded'] = stats.get('decoded', 0) + 1
-            while i < len(uniq) and uniq[i] < p:  # not given by the decoder: missing
-                i += 1
-            if i < len(uniq) and uniq[i] == p:
-                out[p] = _to_array(frame, *convert)
-                i += 1
-            if i == len(uniq) or index.pts is None:
-                if i == len(uniq):
+    i, n, decoded = 0, len(uniq), 0
+    try:
+        while i < n:
+            k = index.keyframe_before(uniq[i])
+            for p, frame in frames_from(video, k):
+                decoded += 1
+                while i < n and uniq[i] < p:  # not given by the decoder: missing
+                    i += 1
+                if i < n and uniq[i] == p:
+                    i += 1
+                    yield p, frame
+                if i == n or (index.pts is not None and _worth_seeking(index, k, p, uniq[i])):
                     break
-                continue
-            if index.keyframe_before(uniq[i]) > max(k, index.keyframe_before(p)):
-                break  # seeking forward skips the frames in between
-        else:
-            break  # the end of the stream: the rest are missing
-    return out
+            else:
+                break  # the end of the stream: the rest are missing
+    finally:
+        stats['decoded'] = stats.get('decoded', 0) + decoded
 
 
 def _missing_error(path: str, index: FrameIndex, missing: list[int]) -> DataError:
@@ -514,7 +608,10 @@ class VideoClipLoader:
     Frames are matched to positions by their timestamps.  Positions past the
     video's end are loop-padded as a short video's are, except in a video cut
     short (then: DataError).  Only wanted frames are converted to RGB, resized by
-    FFmpeg to ``short_side`` if given.
+    FFmpeg to ``short_side`` if given.  ``read`` splits a call in two, as the JPEG
+    loaders' do: the frames are sought and the first decoded (its size is the
+    clip's ``frame_size``), then ``decode(factor)`` converts them at 1/factor of
+    that size, for a crop planned from it (:class:`VideoClip`).
 
     The frame index comes from ``frame_table`` (a stored
     :class:`datasets.video_index.FrameTable`: an open costs no demux pass) or, for
@@ -553,7 +650,14 @@ class VideoClipLoader:
     def _get(self, path: str) -> _OpenVideo:
         return self._open.get(path, self._open_video)
 
-    def __call__(self, video_file, positions: Sequence[int]) -> torch.Tensor:
+    @property
+    def _convert(self):
+        """This process's scaler (FFmpeg's, with the loader's thread count)."""
+        return self._open.local(lambda: _reformatter(self._threads()))
+
+    def read(self, video_file, positions: Sequence[int]) -> VideoClip:
+        """The clip's frames sought but not converted (a :class:`VideoClip`): the data
+        set plans the crop from its ``frame_size``, then ``decode(factor)``."""
         path = os.fspath(video_file)
         video = self._get(path)
         index = video.index
@@ -566,21 +670,91 @@ class VideoClipLoader:
             past = sorted({p for p in positions if p >= index.n_frames})
             if past:
                 raise _missing_error(path, index, past)
-        positions = _loop_pad(positions, index.n_frames)
-        uniq = sorted(set(positions))
-        convert = self._open.local(lambda: _reformatter(self._threads()))
+        return VideoClip(self, path, video, _loop_pad(positions, index.n_frames))
+
+    def __call__(self, video_file, positions: Sequence[int]) -> torch.Tensor:
+        return self.read(video_file, positions).decode()
+
+    def _failed(self, path: str, video: _OpenVideo, error) -> DataError:
+        self._open.discard(path)  # its demuxer and decoder state are unknown now
+        return DataError(f'video file {path}: decoding failed ({error}): {_REENCODE}')
+
+
+class VideoClip:
+    """A clip of an open video, its frames decoded as they are converted.
+
+    ``frame_size``: the upright (height, width) of the clip's frames (the first
+    wanted frame's, decoded to read it; the loader's ``short_side`` applied), which
+    the data set plans the crop from.  ``decode(factor)`` -> uint8 (T, C, H, W)
+    (channels-last memory) in the requested order: every frame converted to RGB at
+    1/factor of that size (``factors``: the reductions of the JPEG path,
+    datasets/spatial_transforms.DCT_FACTORS; sides rounded up as libjpeg's) in
+    FFmpeg's scaler, so that the crop and resize run on the reduced frames.  A clip
+    decodes from its video's demuxer: decode it before the loader reads the next."""
+
+    def __init__(self, loader: VideoClipLoader, path: str, video: _OpenVideo,
+                 positions: list[int]):
+        from datasets.spatial_transforms import DCT_FACTORS
+        self.loader, self.path, self.video, self.positions = loader, path, video, positions
+        self.factors = DCT_FACTORS if loader.short_side is None else ()  # short_side: final
+        self._uniq = sorted(set(positions))
+        self._frames = _wanted_frames(video, self._uniq, loader.stats)
+        self._first = None
+        video.reader = self  # the demuxer is this clip's until the video's next read
+
+    def _next(self):
+        if self.video.reader is not self:
+            raise RuntimeError(f'a clip of {self.path} decoded after another read of the same '
+                               f'video: decode each clip before reading the next')
         try:
-            arrays = _decode_positions(video, uniq, (self.short_side, convert), self.stats)
+            return next(self._frames, None)
         except _av().FFmpegError as e:
-            self._open.discard(path)
-            raise DataError(f'video file {path}: decoding failed ({e}): {_REENCODE}') from None
-        if len(arrays) < len(uniq):
-            raise _missing_error(path, index, [p for p in uniq if p not in arrays])
-        clip = _stack([arrays[p] for p in uniq])
-        if uniq == positions:
+            raise self.loader._failed(self.path, self.video, e) from None
+
+    def _peek(self):
+        if self._first is None:
+            self._first = self._next()
+            if self._first is None:
+                raise _missing_error(self.path, self.video.index, self._uniq)
+        return self._first
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        frame = self._peek()[1]
+        turns = _quarter_turns(frame)
+        w, h = _stored_size(frame.width, frame.height, turns, self.loader.short_side)
+        return (w, h) if turns % 2 else (h, w)
+
+    def decode(self, factor: int = 1) -> torch.Tensor:
+        if factor != 1 and factor not in self.factors:
+            raise ValueError(f'this clip converts at 1/1 or 1/{self.factors} of its size, '
+                             f'not 1/{factor}')
+        first = self._peek()
+        turns, scaler = _quarter_turns(first[1]), self.loader._convert
+        arrays, item = {}, first
+        while item is not None:
+            p, frame = item
+            if factor == 1:
+                arrays[p] = _to_array(frame, self.loader.short_side, scaler, turns=turns)
+            else:
+                arrays[p] = _reduced_array(frame, factor, scaler, turns)
+            item = self._next()
+        if len(arrays) < len(self._uniq):
+            raise _missing_error(self.path, self.video.index,
+                                 [p for p in self._uniq if p not in arrays])
+        return self._stack(arrays)
+
+    def _stack(self, arrays: dict[int, np.ndarray]) -> torch.Tensor:
+        shapes = {a.shape for a in arrays.values()}
+        if len(shapes) > 1:
+            raise DataError(f'video file {self.path}: its frames change size within the clip '
+                            f'({", ".join(sorted("x".join(map(str, s[:2])) for s in shapes))}): '
+                            f'{_REENCODE} at one size')
+        clip = _stack([arrays[p] for p in self._uniq])
+        if self._uniq == self.positions:
             return clip
-        where = {p: i for i, p in enumerate(uniq)}
-        return clip[torch.tensor([where[p] for p in positions])]
+        where = {p: i for i, p in enumerate(self._uniq)}
+        return clip[torch.tensor([where[p] for p in self.positions])]
 
 
 def read_video(path, positions: Sequence[int] | None = None, short_side: int | None = None,

@@ -5,9 +5,10 @@ call), augments the decoded uint8 frames once (one set of random parameters
 per item) and only then indexes the clips out of it and converts to float.
 
 With a loader that can read a clip before decoding it (``loader.read``: the
-JPEG loaders) the spatial transform plans its crop from the frame size first
-and the frames are decoded at the largest reduction (1/2, 1/4, 1/8) that still
-gives the crop at least the output size (see datasets/spatial_transforms.py);
+JPEG loaders, and the video loader, whose frames FFmpeg's scaler converts to
+RGB at the reduced size) the spatial transform plans its crop from the frame
+size first and the frames are decoded at the largest reduction (1/2, 1/4, 1/8)
+that still gives the crop at least the output size (see datasets/spatial_transforms.py);
 the random draws are the same, in the same order, as with full-size decoding.
 """
 from __future__ import annotations

@@ -203,12 +203,12 @@ def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
     clip fails naming the video and the frames, never filled with other frames
     (it was loop-padded before: frames [33, 34, 33, 34, 33, 34] for 33..38)."""
     import datasets.video as video
-    real = video._decode_positions
+    real = video._wanted_frames
 
     def stops_at_35(*args, **kwargs):
-        return {p: a for p, a in real(*args, **kwargs).items() if p < 35}
+        return ((p, frame) for p, frame in real(*args, **kwargs) if p < 35)
 
-    monkeypatch.setattr(video, '_decode_positions', stops_at_35)
+    monkeypatch.setattr(video, '_wanted_frames', stops_at_35)
     with pytest.raises(DataError, match=rf'{video40.name}: frames 35, 36, 37, 38 \(0-based\) of 40 '
                                         r'could not be decoded'):
         VideoClipLoader()(video40, list(range(33, 39)))

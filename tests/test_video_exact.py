@@ -133,3 +133,20 @@ def test_frames_an_edit_list_hides_have_no_position(tmp_path):
     # the annotation builders count them as the loader does (60 before: the header's count)
     assert count_frames(path) == (N_FRAMES - 5, 'container')
     assert count_frames(path, exact=True) == (N_FRAMES - 5, 'decoded')
+
+
+@pytest.mark.parametrize('name', list(CORPUS))
+def test_frames_converted_at_reduced_scale_are_the_ones_asked_for(corpus, name):
+    """Converted at 1/2 (a crop planned before decoding, tests/test_video_scaling.py)
+    the loader still returns exactly the frames asked for: the codes are read back
+    from the half-size frames enlarged again."""
+    path, n = corpus[name], n_frames_of(name)
+    loader = VideoClipLoader(threads=1)
+    wrong, total = 0, 0
+    for positions in queries(n)[:13]:  # strided, reversed and random 16-frame clips
+        half = loader.read(path, positions).decode(2)
+        assert half.shape[-2:] == (32, 32)
+        got = clip_codes(half.repeat_interleave(2, -1).repeat_interleave(2, -2))
+        wrong += sum(p != g for p, g in zip(positions, got))
+        total += len(positions)
+    assert wrong == 0, f'{name}: {wrong} of {total} frames wrong at 1/2'
