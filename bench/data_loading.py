@@ -3,7 +3,8 @@ loader throughput with N workers, and the annotation index at Kinetics scale.
 
     python -m bench.data_loading [--videos 8] [--n_frames 160] [--clips 60]
                                  [--workers 1 2] [--index_entries 650000]
-                                 [--sections formats jpeg workers index]
+                                 [--sections formats jpeg workers index videos]
+                                 [--clock wall|cpu] [--video_clips 120]
 
 formats: generated UCF-like videos (320x240, textured moving content) written
   as H.264 .mp4 and MPEG-4 .avi with PyAV, the .mp4 extracted to jpg folders
@@ -15,7 +16,8 @@ formats: generated UCF-like videos (320x240, textured moving content) written
   interleaved rounds and the best round counts (other processes share the CPU).
     (a) the predecessor's path: per frame exists() + PIL open/convert, PIL
         crop/resize/flip, ToTensor, Normalize, stack (3D-ResNets-PyTorch)
-    (b) ours on jpg, (c) ours on hdf5, (d) ours on .mp4, (e) ours on .avi
+    (b) ours on jpg, (c) ours on hdf5, (d) ours on .mp4, (e) ours on .avi (the
+        crop planned first and the frames decoded at the scale it needs)
     (f) limit for (b)/(c): read the 16 JPEG files and decode them, nothing else
     (g) limit for (d)/(e): open the video, seek to the keyframe before the clip,
         decode to its last frame, convert the 16 frames to RGB, nothing else
@@ -26,9 +28,15 @@ jpeg: the same jpg and hdf5 frames, today's path (torchvision decode_jpeg of the
   at the scale it needs), for the training transform (random resized crop to
   112 + flip) and the evaluation one (short side to 112 + center crop), with
   the full-frame decode limits of both decoders; 5 interleaved rounds, best of each.
+  Then the same for video files (.mp4 with a keyframe every 16, .avi): today's
+  conversion to RGB (full size for training, short side 112 for evaluation)
+  against ours (converted at the scale the planned crop needs, FFmpeg's scaler).
 workers: a DataLoader (batch 8) over the training data set with 1, 2 worker
   processes feeding a model that does nothing: whether loading or compute
   bounds training.
+videos: bench/video_clips.py (.mp4 and .avi clips on cache misses against plain
+  PyAV, clip cost on a 10-minute video against a 10-second one, a loader worker's
+  decoder threads).
 index: a generated Kinetics-700-sized annotation (585k training + 65k
   validation entries): start-up time of the list of VideoRecords against the
   cached RecordTable, and the memory a forked worker dirties reading every entry.
@@ -51,6 +59,7 @@ from torchvision.io import decode_jpeg
 from torchvision.transforms import functional as TF
 from torchvision.transforms import v2
 
+from bench import video_clips
 from datasets.annotation import load_annotations
 from datasets.loader import Hdf5ClipLoader, JpgClipLoader
 from datasets.spatial_transforms import (
@@ -61,7 +70,7 @@ from datasets.spatial_transforms import (
 )
 from datasets.temporal_transforms import TemporalRandomCrop
 from datasets.video import VideoClipLoader
-from datasets.video_index import load_record_table
+from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import VideoClipDataset
 
 CLIP = 16
@@ -149,26 +158,16 @@ def jpeg_limit(folder, positions):
     return decode_jpeg(data)
 
 
-def video_limit(path, positions, convert=[]):  # noqa: B006 - one scaler for all calls
+def video_limit(path, positions):
     """FFmpeg's own seek (to the keyframe before the clip) and decode, RGB conversion
-    (with a reused scaler context: the cheapest conversion PyAV offers)."""
-    import av
-    from av.video.reformatter import VideoReformatter
-    if not convert:
-        convert.append(VideoReformatter())
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        step = 1 / (float(stream.average_rate) * stream.time_base)
-        start = stream.start_time or 0
-        first, last = (start + round(p * step) for p in (positions[0], positions[-1]))
-        container.seek(first, stream=stream, backward=True)
-        out = []
-        for frame in container.decode(stream):
-            if frame.pts >= first:
-                out.append(convert[0].reformat(frame, format='rgb24').to_ndarray())
-            if frame.pts >= last:
-                break
-    return out
+    with a reused scaler context (the cheapest conversion PyAV offers), one thread."""
+    return video_clips.plain_pyav(path, positions)
+
+
+# --clock cpu: this process's CPU time (all its threads) instead of the wall clock,
+# for a machine that other jobs share (their load stretches wall time, far less CPU time)
+CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
+clock = CLOCKS['wall']
 
 
 def clips_per_second(fn, paths, n_clips, n_frames, seed=0):
@@ -176,10 +175,10 @@ def clips_per_second(fn, paths, n_clips, n_frames, seed=0):
     torch.manual_seed(seed)
     temporal = TemporalRandomCrop(CLIP)
     fn(paths[0], temporal(0, n_frames))  # warm-up
-    start = time.perf_counter()
+    start = clock()
     for i in range(n_clips):
         fn(paths[random.randrange(len(paths))], temporal(0, n_frames))
-    return n_clips / (time.perf_counter() - start)
+    return n_clips / (clock() - start)
 
 
 def format_rows(paths, n_clips, n_frames, rounds=5):
@@ -187,7 +186,7 @@ def format_rows(paths, n_clips, n_frames, rounds=5):
     mean, std = get_mean_std(1)
     transform = build_train_transform(112, mean=mean, std=std)
     jpg, hdf5 = JpgClipLoader(), Hdf5ClipLoader()
-    video = VideoClipLoader(threads=1)
+    video = VideoClipLoader(threads=1, frame_table=FrameTable(None))  # indexes kept, as in training
 
     def video_only(path, positions):
         try:
@@ -196,7 +195,10 @@ def format_rows(paths, n_clips, n_frames, rounds=5):
             video.close()  # a fresh open per clip, as over many videos
 
     def ours_video(path, positions):
-        return transform(video_only(path, positions))
+        try:
+            return planned_clip(video, transform, path, positions)
+        finally:
+            video.close()
 
     runs = {
         'a': (lambda p, pos: predecessor_clip(p, pos, mean, std), 'jpg'),
@@ -309,6 +311,62 @@ def jpeg_rows(paths, n_clips, n_frames, rounds=5):
             rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
             best[row] = max(best[row], rate)
     return best
+
+
+def video_scale_rows(paths, n_clips, n_frames, rounds=5):
+    """{row: clips/s}: video files (a fresh open per clip, the stored frame index),
+    today's path (training: every frame converted to RGB at full size, then the
+    full-size augmentation; evaluation: converted at the short side 112 by FFmpeg's
+    scaler, the eval loader's short_side) against ours (the crop planned from the
+    first frame's size, the frames converted at the plan's reduction), and the limit
+    (plain PyAV: open, seek, decode, convert the 16 frames at full size)."""
+    mean, std = get_mean_std(1)
+    transforms = {'train': build_train_transform(112, mean=mean, std=std),
+                  'val': build_eval_transform(112, mean=mean, std=std)}
+    table = FrameTable(None)
+    loaders = {'today_train': VideoClipLoader(threads=1, frame_table=table),
+               'today_val': VideoClipLoader(short_side=112, threads=1, frame_table=table),
+               'ours': VideoClipLoader(threads=1, frame_table=table)}
+
+    def fresh(name, fn):
+        def clip(path, positions):
+            try:
+                return fn(loaders[name], path, positions)
+            finally:
+                loaders[name].close()  # a fresh open per clip, as over many videos
+        return clip
+    runs = {}
+    for fmt in ('mp4_g16', 'avi'):
+        for kind, t in transforms.items():
+            runs[f'{fmt}_{kind}_today'] = (fresh(f'today_{kind}', lambda ld, p, pos, t=t: t(
+                ld(str(p), pos))), fmt)
+            runs[f'{fmt}_{kind}_ours'] = (fresh('ours', lambda ld, p, pos, t=t: planned_clip(
+                ld, t, p, pos)), fmt)
+        runs[f'{fmt}_limit'] = (video_limit, fmt)
+    best = dict.fromkeys(runs, 0.0)
+    for k in range(rounds):  # interleaved rounds, best of each row (other load hits all alike)
+        for row, (fn, fmt) in runs.items():
+            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
+            best[row] = max(best[row], rate)
+    return best
+
+
+def print_video_scale_table(rates, n_videos, n_frames):
+    print(f'\nvideo files, {n_videos} videos of {n_frames} frames, 320x240, a fresh open per '
+          f'clip; 16-frame clips -> 3x16x112x112, one process, one thread (clips/s). today: '
+          f'frames converted to RGB at full size (training) or at short side 112 (evaluation); '
+          f'ours: converted at the scale the crop needs. limit: plain PyAV open + seek + '
+          f'decode + convert the 16 full frames')
+    print('| format | transform | today | ours | ours / today | ours / limit |')
+    print('|---|---|---:|---:|---:|---:|')
+    names = {'mp4_g16': 'H.264 .mp4, keyframe every 16', 'avi': 'MPEG-4 .avi'}
+    for fmt in ('mp4_g16', 'avi'):
+        limit = rates[f'{fmt}_limit']
+        for kind in ('train', 'val'):
+            a, b = rates[f'{fmt}_{kind}_today'], rates[f'{fmt}_{kind}_ours']
+            print(f'| {names[fmt]} | {kind} | {a:.1f} | {b:.1f} | {b / a:.2f}x | '
+                  f'{b / limit:.2f}x |')
+        print(f'| {names[fmt]} | limit | {limit:.1f} | | | |')
 
 
 def print_jpeg_table(rates, n_videos, n_frames):
@@ -448,9 +506,16 @@ def main(argv=None):
     p.add_argument('--workers', type=int, nargs='+', default=[1, 2])
     p.add_argument('--batches', type=int, default=8, help='batches per worker count')
     p.add_argument('--index_entries', type=int, default=650_000)
-    p.add_argument('--sections', nargs='+', default=['formats', 'jpeg', 'workers', 'index'],
-                   choices=['formats', 'jpeg', 'workers', 'index'])
+    sections = ['formats', 'jpeg', 'workers', 'index', 'videos']
+    p.add_argument('--sections', nargs='+', default=sections, choices=sections)
+    p.add_argument('--video_clips', type=int, default=120,
+                   help='clips per video row (bench/video_clips.py)')
+    p.add_argument('--clock', choices=list(CLOCKS), default='wall',
+                   help='time the clips by the wall clock or by this process\'s CPU time '
+                        '(a shared machine; the workers section is always wall time)')
     args = p.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -463,6 +528,8 @@ def main(argv=None):
         if 'jpeg' in args.sections:
             print_jpeg_table(jpeg_rows(paths, args.clips, args.n_frames), args.videos,
                              args.n_frames)
+            print_video_scale_table(video_scale_rows(paths, args.clips, args.n_frames),
+                                    args.videos, args.n_frames)
         if 'workers' in args.sections:
             rates = worker_rows(root, args.workers, args.batches)
             print('\nDataLoader (batch 8, random 16-frame clips, crop to 112) feeding a model '
@@ -474,6 +541,8 @@ def main(argv=None):
                 print(f'| {fmt} | {cells} |')
         if 'index' in args.sections:
             index_rows(root, args.index_entries)
+        if 'videos' in args.sections:
+            video_clips.run(n_clips=args.video_clips, clock=clock)
 
 
 if __name__ == '__main__':
