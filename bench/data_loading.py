@@ -31,6 +31,8 @@ jpeg: the same jpg and hdf5 frames, today's path (torchvision decode_jpeg of the
   Then the same for video files (.mp4 with a keyframe every 16, .avi): today's
   conversion to RGB (full size for training, short side 112 for evaluation)
   against ours (converted at the scale the planned crop needs, FFmpeg's scaler).
+  And simplejpeg's decode time per frame at 1/1, 1/2, 1/4, 1/8: what DCT scaling
+  can save on these frames.
 workers: a DataLoader (batch 8) over the training data set with 1, 2 worker
   processes feeding a model that does nothing: whether loading or compute
   bounds training.
@@ -369,6 +371,27 @@ def print_video_scale_table(rates, n_videos, n_frames):
         print(f'| {names[fmt]} | limit | {limit:.1f} | | | |')
 
 
+def dct_scaling_costs(folder, n_frames: int = 48, rounds: int = 5) -> None:
+    """simplejpeg's decode time per frame at 1/1, 1/2, 1/4, 1/8 (best of the rounds):
+    how much DCT scaling can save on these frames (entropy decoding is not scaled)."""
+    import simplejpeg
+    data = [(folder / f'image_{p + 1:05d}.jpg').read_bytes() for p in range(n_frames)]
+    height, width = simplejpeg.decode_jpeg_header(data[0])[:2]
+    cost = {}
+    for f in (1, 2, 4, 8):
+        scale = {} if f == 1 else dict(min_factor=f, min_height=-(-height // f),
+                                        min_width=-(-width // f))
+        best = float('inf')
+        for _ in range(rounds):
+            start = clock()
+            for d in data:
+                simplejpeg.decode_jpeg(d, **scale)
+            best = min(best, (clock() - start) / len(data))
+        cost[f] = best * 1e3
+    print(f'\nsimplejpeg decode of a {width}x{height} frame (ms, vs full size): ' +
+          ', '.join(f'1/{f} {ms:.3f} ({ms / cost[1]:.0%})' for f, ms in cost.items()))
+
+
 def print_jpeg_table(rates, n_videos, n_frames):
     print(f'\nJPEG frames (jpg folders, hdf5), {n_videos} videos of {n_frames} frames, 320x240; '
           f'16-frame clips -> 3x16x112x112, one process, one thread (clips/s). today: '
@@ -530,6 +553,7 @@ def main(argv=None):
                              args.n_frames)
             print_video_scale_table(video_scale_rows(paths, args.clips, args.n_frames),
                                     args.videos, args.n_frames)
+            dct_scaling_costs(paths['jpg'][0], min(48, args.n_frames))
         if 'workers' in args.sections:
             rates = worker_rows(root, args.workers, args.batches)
             print('\nDataLoader (batch 8, random 16-frame clips, crop to 112) feeding a model '
