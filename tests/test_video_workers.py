@@ -99,9 +99,11 @@ def test_a_forked_child_never_frees_garbage_it_inherited(tmp_path):
     waited forever for threads the child does not have)."""
     import multiprocessing
 
-    from datasets.video import _decode_positions, _OpenVideo, _reformatter
+    from datasets.video import _OpenVideo, _reformatter, _to_array, _wanted_frames
     video = _OpenVideo(str(videos(tmp_path, 1)[0]), threads=0)
-    _decode_positions(video, [0, 1, 2], (None, _reformatter()), {})
+    scaler = _reformatter()
+    for _, frame in _wanted_frames(video, [0, 1, 2], {}):
+        _to_array(frame, None, scaler)
     cycle = [video]
     cycle.append(cycle)
     del video, cycle
