@@ -205,7 +205,7 @@ def build_parser():
     _add(g, '--requeue', action='store_true',
          help='Under SLURM: after a stop signal and its checkpoint, requeue the job (scontrol requeue)')
     _add(g, '--deterministic', action='store_true',
-         help='Deterministic kernels on GPUs (no cudnn.benchmark; slower): see README, what is exact where')
+         help='Deterministic kernels on GPUs (no cudnn.benchmark; slower): see docs/training.md, what is exact where')
 
     g = p.add_argument_group('model')
     _add(g, '--model', default='resnet', type=str,

@@ -164,7 +164,7 @@ def multi_node_store_warning(environ, world_size):
             int(environ.get('TORCHELASTIC_MAX_RESTARTS', 0)) == 0:
         return None
     return ('warning: torchrun restarts on several nodes need a fresh store per round: '
-            'export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (README, Running on a cluster)')
+            'export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (docs/distributed.md, elastic restarts)')
 
 
 def check_backend(backend, device):
