@@ -62,6 +62,7 @@ def test_seeds_keep_their_values():
     assert sample_seed(2**62, 1, -1) == 4611686018428387936  # wraps at 2**63
 
 
+@pytest.mark.slow
 def test_validation_subset_with_fewer_than_five_videos(tiny_synthetic, tmp_path):
     """The predecessor divided by zero on subsets of fewer than 5 videos."""
     video_path, annotation_path = tiny_synthetic
@@ -89,6 +90,7 @@ def test_linear_lr_scaling(tiny_synthetic, tmp_path):
         main.prepare(opt, DistContext(rank=0, world_size=2))
 
 
+@pytest.mark.slow
 def test_amp_is_ignored_on_cpu(tiny_synthetic, tmp_path, capsys):
     main.main(tiny_args(*tiny_synthetic, tmp_path / 'r', '--n_epochs', '1', '--amp', '--no_val'))
     assert '--amp is ignored on CPU' in capsys.readouterr().out
@@ -106,6 +108,7 @@ def test_one_parameter_group_without_frozen_tensors():
     assert len(optimizer.param_groups[0]['params']) == 2
 
 
+@pytest.mark.slow
 def test_channels_last_gives_the_same_training(tiny_synthetic, tmp_path):
     for name, extra in (('plain', ()), ('cl', ('--channels_last',))):
         main.main(tiny_args(*tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--no_val',
@@ -146,6 +149,7 @@ def test_normalizing_on_the_device_gives_the_same_clips(tiny_synthetic, tmp_path
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_with_normalization_on_the_device(tiny_synthetic, tmp_path):
     for mode in ('off', 'on'):
         main.main(tiny_args(*tiny_synthetic, tmp_path / mode, '--n_epochs', '1',

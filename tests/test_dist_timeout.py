@@ -3,11 +3,14 @@ import dataclasses
 import datetime
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from tests.dist_helpers import run_ranks
 from utils.distributed import PG_TIMEOUT, set_collective_timeout
+
+pytestmark = pytest.mark.slow  # every test freezes one of 2 processes and waits out a timeout
 
 
 def late_all_reduce(ctx, out_dir):

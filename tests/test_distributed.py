@@ -83,6 +83,7 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 def test_ddp_sync_batchnorm_equals_one_process_with_global_batch(tmp_path):
     reference = train(tiny_resnet, SINGLE, sync_bn=False, accumulation_steps=1, per_rank_micro=8)
     run_ranks(_train_worker, 2, 'resnet', True, 1, 4, tmp_path / 'p.pth')
@@ -92,6 +93,7 @@ def test_ddp_sync_batchnorm_equals_one_process_with_global_batch(tmp_path):
     assert err < 2e-5
 
 
+@pytest.mark.slow
 def test_ddp_without_sync_bn_differs_only_by_bn_statistics(tmp_path):
     run_ranks(_train_worker, 2, 'resnet', False, 1, 4, tmp_path / 'p.pth')
     two = torch.load(tmp_path / 'p.pth', weights_only=True)
@@ -111,6 +113,7 @@ def test_ddp_without_sync_bn_differs_only_by_bn_statistics(tmp_path):
     assert max_diff(simulated, two) < 2e-5
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_global_batch(tmp_path):
     reference = train(conv_net, SINGLE, sync_bn=False, accumulation_steps=1, per_rank_micro=8)
     # 2 ranks x 2 micro-batches of 2 clips, all-reduced once per step (no_sync).
@@ -141,6 +144,7 @@ def _sync_bn_worker(ctx, x, out_path):
 # E[x^2] - mean^2 in float32 loses that variance to cancellation.
 @pytest.mark.parametrize('scale,offset,atol', [(3.0, 1.0, 1e-5), (0.05, 100.0, 2e-3)],
                          ids=['centred', 'large_mean'])
+@pytest.mark.slow
 def test_cpu_sync_batchnorm_matches_batchnorm_on_concatenated_batch(tmp_path, scale, offset, atol):
     x = torch.randn(4, 3, 2, 3, 3, generator=torch.Generator().manual_seed(0)) * scale + offset
     run_ranks(_sync_bn_worker, 2, x, tmp_path)
@@ -195,6 +199,7 @@ def validate(ctx, out_path=None, n_videos=7):
     return stats
 
 
+@pytest.mark.slow
 def test_validation_on_two_ranks_equals_one_process_with_odd_video_count(tmp_path):
     one = validate(SINGLE)
     run_ranks(validate, 2, tmp_path / 'v.pth')
@@ -204,6 +209,7 @@ def test_validation_on_two_ranks_equals_one_process_with_odd_video_count(tmp_pat
         assert two[key] == pytest.approx(one[key], abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_validation_with_uneven_batch_counts_over_ranks(tmp_path):
     """5 videos in batches of 2: rank 0 runs 2 batches, rank 1 one; evaluation
     must not wait on a collective the other rank never enters."""
@@ -244,6 +250,7 @@ def _train_then_validate(ctx, out_path):
         torch.save(stats, out_path / 'stats.pth')
 
 
+@pytest.mark.slow
 def test_validation_without_sync_bn_uses_rank_0s_buffers(tmp_path):
     run_ranks(_train_then_validate, 2, tmp_path)
     two = torch.load(tmp_path / 'stats.pth', weights_only=True)
@@ -268,6 +275,7 @@ def _main_run(ctx, argv):
     main.run(parse_opts(argv), ctx)
 
 
+@pytest.mark.slow
 def test_inference_after_training_without_sync_bn_scores_the_saved_model(tiny_synthetic,
                                                                           tmp_path):
     """No validation between the last training step and inference: the ranks'
@@ -299,6 +307,7 @@ def test_shard_sampler_covers_every_item_once():
     assert sorted(sum(shards, [])) == list(range(7))
 
 
+@pytest.mark.slow
 def test_validation_confusion_matrix_on_two_ranks_equals_one_process(tmp_path):
     one = validate(SINGLE)
     run_ranks(validate, 2, tmp_path / 'v.pth')
@@ -427,6 +436,7 @@ def test_amp_dtype_follows_compute_capability(monkeypatch, capability, dtype):
     assert amp_dtype(torch.device('cpu')) == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_gpus_are_hidden_from_unmarked_tests():
     assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
     out = subprocess.run([sys.executable, '-c', 'import torch; print(torch.cuda.device_count())'],

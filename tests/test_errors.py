@@ -168,6 +168,7 @@ def test_result_folder_that_refuses_new_files(data_copy, tmp_path, capsys, monke
     assert not (tmp_path / 'r' / 'opts.json').exists()
 
 
+@pytest.mark.slow
 def test_disk_full_at_a_checkpoint_keeps_the_last_good_one(data_copy, tmp_path, capsys,
                                                            monkeypatch):
     import torch
@@ -199,6 +200,7 @@ def test_resume_from_a_file_that_is_not_a_checkpoint(data_copy, tmp_path, capsys
     assert ': 101' not in err
 
 
+@pytest.mark.slow
 def test_short_videos_are_counted_once(data_copy, tmp_path, capsys):
     main.main(tiny_args(*data_copy, tmp_path / 'r', '--sample_duration', '16', '--n_epochs', '1',
                         '--no_val'))
@@ -225,6 +227,7 @@ def test_corrupt_frame_found_up_front_by_check_frames_decode(data_copy, tmp_path
     assert not (tmp_path / 'r' / 'train.log').exists()
 
 
+@pytest.mark.slow
 def test_bad_video_skipped_during_training(data_copy, tmp_path, capfd):
     videos, annotation = data_copy
     vid, entry, _ = first_training_video(annotation)
@@ -240,6 +243,7 @@ def test_bad_video_skipped_during_training(data_copy, tmp_path, capfd):
     fails_with(capfd, tiny_args(videos, annotation, tmp_path / 'e', '--no_val'), vid)
 
 
+@pytest.mark.slow
 def test_a_killed_loader_worker_ends_the_run_in_one_line(data_copy, tmp_path):
     """SIGKILL of a DataLoader worker, as the kernel's out-of-memory killer does:
     one line naming the signal, the likely cause and what to lower, exit 1

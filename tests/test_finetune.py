@@ -36,6 +36,7 @@ def _finetune_args(data, result, *extra):
     return tiny_args(*data, result, '--no_val', '--checkpoint', '1', *extra)
 
 
+@pytest.mark.slow
 def test_resuming_a_finetuning_run_needs_only_the_checkpoint(tiny_synthetic, tmp_path):
     pretrained = tmp_path / 'pretrained.pth'
     torch.save({'state_dict': _tiny(n_classes=3).state_dict()}, pretrained)
@@ -59,6 +60,7 @@ def test_resuming_a_finetuning_run_needs_only_the_checkpoint(tiny_synthetic, tmp
                                _tiny(n_classes=3).state_dict()['layer1.0.conv1.weight'])
 
 
+@pytest.mark.slow
 def test_resume_rejects_a_different_fine_tuning_setting(tiny_synthetic, tmp_path, capsys):
     main.main(_finetune_args(tiny_synthetic, tmp_path, '--n_epochs', '1',
                              '--ft_begin_module', 'layer4'))

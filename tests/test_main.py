@@ -16,6 +16,7 @@ def run(tiny, result, *extra):
     main.main(tiny_args(*tiny, result, *extra))
 
 
+@pytest.mark.slow
 def test_end_to_end_outputs(tiny_synthetic, tmp_path):
     result = tmp_path / 'new' / 'folder'  # created if missing (the predecessor required it)
     run(tiny_synthetic, result, '--n_epochs', '2', '--checkpoint', '1', '--inference',
@@ -65,6 +66,7 @@ def _tb_steps(result):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
 
 
+@pytest.mark.slow
 def test_resumed_tensorboard_has_each_epoch_once(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--checkpoint', '1', '--tensorboard', '--no_val')
     before = _tb_scalars(tmp_path)['train/loss']
@@ -128,6 +130,7 @@ def test_without_tensorboard_curves_png_is_redrawn_after_every_epoch(tiny_synthe
                              'loss: validation']
 
 
+@pytest.mark.slow
 def test_tensorboard_records_real_lr(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--tensorboard', '--no_val',
         '--multistep_milestones', '1')
@@ -140,6 +143,7 @@ def _weights(path):
     return load_checkpoint(path)['state_dict']
 
 
+@pytest.mark.slow
 def test_resume_is_exact_and_logs_append(tiny_synthetic, tmp_path):
     """Train 3 epochs; separately resume from epoch 1 of the same run: the final
     weights and optimizer state are identical, and the logs continue."""
@@ -176,6 +180,7 @@ def test_resume_is_exact_and_logs_append(tiny_synthetic, tmp_path):
     assert lr == pytest.approx([0.01, 0.01, 0.001])
 
 
+@pytest.mark.slow
 def test_overwrite_milestones_on_resume(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--multistep_milestones', '5')
     run(tiny_synthetic, tmp_path, '--n_epochs', '3', '--no_val', '--multistep_milestones', '2',
@@ -184,6 +189,7 @@ def test_overwrite_milestones_on_resume(tiny_synthetic, tmp_path):
     assert lr == pytest.approx([0.01, 0.01, 0.001])
 
 
+@pytest.mark.slow
 def test_adamw_is_honoured(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--optimizer', 'adamw',
         '--learning_rate', '0.001')
@@ -191,6 +197,7 @@ def test_adamw_is_honoured(tiny_synthetic, tmp_path):
     assert all('exp_avg' in s for s in state.values())
 
 
+@pytest.mark.slow
 def test_cosine_warmup_schedule(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--no_val', '--lr_scheduler', 'cosine',
         '--warmup_epochs', '1', '--log_interval', '1')
@@ -202,6 +209,7 @@ def test_cosine_warmup_schedule(tiny_synthetic, tmp_path):
     assert lrs == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_fine_tuning_freezes_earlier_modules(tiny_synthetic, tmp_path):
     pre = tmp_path / 'pre'
     run(tiny_synthetic, pre, '--n_epochs', '1', '--no_val')
@@ -236,6 +244,7 @@ def test_pretrained_with_other_class_count_and_module_prefix(tiny_synthetic, tmp
             assert torch.equal(weights[k], v), k  # loaded, then frozen
 
 
+@pytest.mark.slow
 def test_predecessor_command_line(tiny_synthetic, tmp_path):
     """A command line written for 3D-ResNets-PyTorch runs unchanged."""
     video_path, annotation_path = tiny_synthetic
@@ -250,6 +259,7 @@ def test_predecessor_command_line(tiny_synthetic, tmp_path):
     shutil.rmtree(root / 'results_x')
 
 
+@pytest.mark.slow
 def test_plateau_follows_validation_loss(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '4', '--lr_scheduler', 'plateau',
         '--plateau_patience', '0', '--learning_rate', '0.05')
@@ -267,6 +277,7 @@ def test_plateau_follows_validation_loss(tiny_synthetic, tmp_path):
     assert lr == pytest.approx(expected, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_hdf5_videos_with_zero_based_segments(tiny_synthetic, tmp_path):
     """Frames packed by util_scripts.generate_video_hdf5 and a Kinetics-style
     annotation with 0-based segments train, validate and infer like the jpgs."""
@@ -286,6 +297,7 @@ def test_hdf5_videos_with_zero_based_segments(tiny_synthetic, tmp_path):
     assert len(results) == 12
 
 
+@pytest.mark.slow
 def test_inference_per_clip_results(tiny_synthetic, tmp_path):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--inference',
         '--inference_no_average', '--inference_stride', '2', '--output_topk', '0',
@@ -300,6 +312,7 @@ def test_inference_per_clip_results(tiny_synthetic, tmp_path):
             assert sum(e['score'] for e in c['result']) == pytest.approx(1, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_two_channel_flow_from_hdf5(tiny_synthetic, tmp_path):
     """--input_type flow: hdf5 files with video_u / video_v JPEG frames feed a
     2-channel network through training, validation and inference."""

@@ -134,6 +134,7 @@ def test_format_report_weighted_mean():
     assert [float(v) for v in last[2:5]] == pytest.approx([5 / 6, 3 / 4, 0.7333], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_confusion_picture_for_101_classes(tmp_path):
     names = [f'class_{i:03d}_with_a_long_name' for i in range(101)]
     rng = np.random.default_rng(0)

@@ -26,7 +26,11 @@ FAMILIES = [('resnet', 10), ('resnet2p1d', 10), ('preresnet', 10), ('wideresnet'
             ('r2plus1d_18', 18)]
 
 
-@pytest.mark.parametrize('name,depth', FAMILIES)
+HEAVY_FAMILIES = {'densenet', 'wideresnet', 'r2plus1d_18', 'r3d_18'}  # seconds each: `slow`
+
+
+@pytest.mark.parametrize('name,depth', [pytest.param(n, d, marks=pytest.mark.slow) if n in HEAVY_FAMILIES else (n, d)
+                                        for n, d in FAMILIES])
 def test_checkpoint_round_trip_for_each_family(name, depth, tmp_path):
     torch.manual_seed(0)
     net = generate_model(options(model=name, model_depth=depth))

@@ -205,7 +205,12 @@ SMALL_MODELS = {
 }
 
 
-@pytest.mark.parametrize('name', sorted(SMALL_MODELS))
+# Full-width networks take seconds a forward pass here: CI runs them, `pytest -m "not slow"` skips them.
+HEAVY_MODELS = {'r3d_18', 'mc3_18', 'r2plus1d_18', 'resnext-50_c8', 'densenet-121'}
+
+
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY_MODELS else n
+                                  for n in sorted(SMALL_MODELS)])
 def test_small_clip_forward(name):
     """8x32x32 clips (stages shrink T to 1) give (N, n_classes) logits; channels_last_3d gives
     the same result as contiguous input; bf16 autocast works."""
@@ -258,6 +263,7 @@ needs_dynamo = pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(),
 
 @needs_dynamo
 @pytest.mark.parametrize('name', ['resnet-18_A', 'resnet2p1d-18', 'preresnet-18', 'densenet-121'])
+@pytest.mark.slow
 def test_compiles_without_graph_breaks(name):
     """fullgraph=True fails on any graph break; the eager backend keeps this to Dynamo's
     tracing (inductor code generation takes minutes on a small CPU)."""

@@ -96,6 +96,7 @@ def _tiny_model(n_classes=4):
     return resnet.generate_model(10, widen_factor=0.25, n_classes=n_classes).eval()
 
 
+@pytest.mark.slow
 def test_view_scores_are_the_mean_over_views_by_hand():
     from inference import ViewScores, score_views
     records = [VideoRecord('a', 'a', 0, 20, 0, (1, 21)), VideoRecord('b', 'b', 0, 9, 1, (1, 10))]
@@ -152,6 +153,7 @@ def _infer_worker(ctx, out_path):
                    out_path.with_suffix(f'.{ctx.world_size}.pth'))
 
 
+@pytest.mark.slow
 def test_multiview_inference_on_two_ranks_equals_one(tmp_path):
     from tests.dist_helpers import run_ranks
     from utils.distributed import DistContext
@@ -219,6 +221,7 @@ def _by_hand_segment_views():
     return views
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('table', [False, True], ids=['records', 'record_table'])
 def test_every_segment_of_a_video_counts_toward_its_score(tmp_path, table):
     from utils.distributed import DistContext
@@ -235,6 +238,7 @@ def test_every_segment_of_a_video_counts_toward_its_score(tmp_path, table):
     assert written['views'] == {'b': 2, 'a': 6, 'c': 2}
 
 
+@pytest.mark.slow
 def test_per_clip_output_keeps_every_segment(tmp_path):
     from utils.distributed import DistContext
     _segment_infer_worker(DistContext(), tmp_path / 'out', False)
@@ -259,6 +263,7 @@ def test_shard_keeps_the_segments_of_a_video_on_one_rank(table):
 
 
 @pytest.mark.parametrize('average', [True, False], ids=['average', 'per_clip'])
+@pytest.mark.slow
 def test_segment_inference_on_two_ranks_equals_one(tmp_path, average):
     from tests.dist_helpers import run_ranks
     from utils.distributed import DistContext

@@ -84,6 +84,7 @@ def test_find_inputs_errors(tmp_path):
         predict.find_inputs(tmp_path)
 
 
+@pytest.mark.slow
 def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys):
     video_path, _, out, val = trained
     (v0, label0), (v1, label1) = val[0], val[3]
@@ -108,6 +109,7 @@ def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys
                                        rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('size', [None, (56, 44)], ids=['as_jpgs', 'larger'])
 def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, size):
     """Also with frames larger than --sample_size: predict.py's loaders are
@@ -134,6 +136,7 @@ def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, 
         predict.build_dataset([], [predict.VideoInput(v, str(mp4), 'video')], flow, 2, 0, 'center')
 
 
+@pytest.mark.slow
 def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_path, capsys):
     video_path, annotation_path, out, val = trained
     v, label = val[0]
@@ -192,6 +195,7 @@ def test_report_of_a_top_3_result_file_says_top_3(trained, tmp_path, capsys):
     assert 'top-5 accuracy: not in the results' in (tmp_path / 'val_report.txt').read_text()
 
 
+@pytest.mark.slow
 def test_validation_only_run_writes_val_log_and_tensorboard_confusion(trained, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     video_path, annotation_path, out, _ = trained

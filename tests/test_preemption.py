@@ -54,6 +54,7 @@ def _agree_worker(ctx, requesting_rank, out_dir):
 
 
 @pytest.mark.parametrize('requesting_rank', [None, 0, 1])
+@pytest.mark.slow
 def test_ranks_agree_to_stop_when_any_rank_was_signalled(tmp_path, requesting_rank):
     run_ranks(_agree_worker, 2, requesting_rank, tmp_path)
     expected = str(requesting_rank is not None)
@@ -119,6 +120,7 @@ def _stop_mid_epoch(cmd, result, sig, env, epoch=1):
     return proc.wait(timeout=180), proc.stdout.read()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_epoch_then_resume_gives_the_uninterrupted_weights(tiny_synthetic, tmp_path):
     # 24 training videos in batches of 4: 6 steps an epoch. Loader workers on,
     # so the per-sample augmentation seeds are what makes the resume exact.
@@ -155,6 +157,7 @@ RECIPE = ['--mixup_alpha', '0.4', '--cutmix_alpha', '1.0', '--ema_decay', '0.9',
 
 
 @pytest.mark.parametrize('recipe', [[], RECIPE], ids=['plain', 'mix_ema_precise_bn'])
+@pytest.mark.slow
 def test_a_resumed_mid_epoch_checkpoint_skips_exactly_the_batches_it_covers(tiny_synthetic,
                                                                            tmp_path, capsys, recipe):
     """Resuming from a mid-epoch checkpoint of a run ends with that run's weights

@@ -268,6 +268,7 @@ def _precise_bn_rank(ctx, out_dir):
     torch.save(model.state_dict(), f'{out_dir}/rank{ctx.rank}.pt')
 
 
+@pytest.mark.slow
 def test_precise_bn_averages_over_ranks(tmp_path):
     run_ranks(_precise_bn_rank, 2, str(tmp_path))
     singles = []
@@ -293,6 +294,7 @@ def _outputs_and_grads(model, clips):
 
 
 @pytest.mark.parametrize('family', ['resnet', 'densenet'])
+@pytest.mark.slow
 def test_grad_checkpointing_matches_eager(family):
     def build():
         torch.manual_seed(0)
@@ -359,6 +361,7 @@ def test_random_erasing_fills_one_box_per_clip_with_the_mean_gray():
     assert torch.equal(never.augment(clip), clip)
 
 
+@pytest.mark.slow
 def test_compiled_model_matches_eager_and_keeps_plain_keys():
     eager = tiny_resnet()
     plain = tiny_resnet()
@@ -415,6 +418,7 @@ def test_averaging_refuses_different_architectures(tmp_path, capsys):
     assert not (tmp_path / 'avg.pth').exists()
 
 
+@pytest.mark.slow
 def test_grad_checkpointing_under_compile_matches_eager():
     """Compiled, checkpoint() takes no context_fn: the recomputation is part of
     the backward graph and BatchNorm statistics are still updated once."""

@@ -73,6 +73,7 @@ RECIPE = ('--label_smoothing', '0.1', '--mixup_alpha', '0.4', '--cutmix_alpha', 
           '--random_erasing', '0.25', '--train_crop', 'random')
 
 
+@pytest.mark.slow
 def test_recipe_run_logs_ema_and_saves_it_with_plain_keys(tiny_synthetic, tmp_path, capsys):
     run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--checkpoint', '1', '--precise_bn', '2',
         '--grad_checkpointing', '--tensorboard', *RECIPE)
@@ -89,6 +90,7 @@ def test_recipe_run_logs_ema_and_saves_it_with_plain_keys(tiny_synthetic, tmp_pa
                if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_ema_and_mixup_resume_exactly(tiny_synthetic, tmp_path):
     full = tmp_path / 'full'
     args = ('--n_epochs', '3', '--checkpoint', '1', '--no_val', *RECIPE)
@@ -106,6 +108,7 @@ def test_ema_and_mixup_resume_exactly(tiny_synthetic, tmp_path):
     assert losses[0][1:] == losses[1]  # epochs 2 and 3
 
 
+@pytest.mark.slow
 def test_inference_with_ema_weights(tiny_synthetic, tmp_path):
     """A checkpoint whose EMA classifier always says class 2: inference with
     --inference_weights ema says class 2 for every video, raw does not."""
@@ -125,6 +128,7 @@ def test_inference_with_ema_weights(tiny_synthetic, tmp_path):
     assert len(labels['ema']) == 1 and labels['raw'] != labels['ema'], class_names
 
 
+@pytest.mark.slow
 def test_inference_weights_ema_needs_ema_in_the_checkpoint(tiny_synthetic, tmp_path, capsys):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val')
     with pytest.raises(SystemExit):
@@ -136,6 +140,7 @@ def test_inference_weights_ema_needs_ema_in_the_checkpoint(tiny_synthetic, tmp_p
     assert '--inference_weights ema needs --ema_decay' in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_grad_checkpointing_trains_like_the_plain_model(tiny_synthetic, tmp_path):
     for name, extra in (('plain', ()), ('ckpt', ('--grad_checkpointing',))):
         run(tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--no_val', *extra)
@@ -146,6 +151,7 @@ def test_grad_checkpointing_trains_like_the_plain_model(tiny_synthetic, tmp_path
         assert torch.allclose(a[key].float(), b[key].float(), atol=1e-4), key
 
 
+@pytest.mark.slow
 def test_compile_run_reports_compile_time_and_keeps_plain_keys(tiny_synthetic, tmp_path, capsys):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--compile', '--inference',
         '--inference_stride', '8')
@@ -182,6 +188,7 @@ def _train_compiled(ctx, out_path):
         torch.save(model._orig_mod.module.state_dict(), out_path)
 
 
+@pytest.mark.slow
 def test_compiled_ddp_equals_one_eager_process_with_the_global_batch(tmp_path):
     run_ranks(_train_compiled, 2, str(tmp_path / 'ddp.pt'))
     eager = _conv_net()
@@ -194,6 +201,7 @@ def test_compiled_ddp_equals_one_eager_process_with_the_global_batch(tmp_path):
         assert torch.allclose(got[key], value, atol=1e-5), key
 
 
+@pytest.mark.slow
 def test_averaged_checkpoint_runs_inference(tiny_synthetic, tmp_path):
     from util_scripts import average_checkpoints
     run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--checkpoint', '1', '--no_val',

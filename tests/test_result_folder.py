@@ -77,6 +77,7 @@ def test_result_path_that_is_a_file(tmp_path):
         ResultFolderLock(path).acquire()
 
 
+@pytest.mark.slow
 def test_stale_temporaries_of_a_killed_write_are_removed(tmp_path):
     # A real kill during a checkpoint write leaves its temporary behind.
     code = '''
@@ -206,6 +207,7 @@ def test_second_run_into_a_busy_folder(tiny_synthetic, tmp_path, capsys):
     assert sorted(os.listdir(result)) == ['.lock']  # nothing written, no opts.json
 
 
+@pytest.mark.slow
 def test_fresh_run_into_another_runs_folder(tiny_synthetic, tmp_path, capsys):
     from tests.conftest import tiny_args
     result = tmp_path / 'r'
@@ -222,6 +224,7 @@ def test_fresh_run_into_another_runs_folder(tiny_synthetic, tmp_path, capsys):
     assert [r['epoch'] for r in read_tsv(result / 'train.log')] == ['1', '2']
 
 
+@pytest.mark.slow
 def test_resumed_logs_equal_the_uninterrupted_run(tiny_synthetic, tmp_path, capsys):
     """A kill after epoch 3's logs were written but before its checkpoint, and
     a killed checkpoint write: the resumed run's logs equal an uninterrupted run's."""

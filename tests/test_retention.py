@@ -1,6 +1,7 @@
 """Checkpoint order, --keep_last and best.pth."""
 import json
 
+import pytest
 import torch
 
 import main
@@ -41,6 +42,7 @@ def test_auto_resume_picks_the_newest_including_mid_epoch(tmp_path):
     assert find_latest_checkpoint(tmp_path).name == 'save_3_10.pth'
 
 
+@pytest.mark.slow
 def test_keep_last_and_best_in_a_run(tiny_synthetic, tmp_path):
     result = tmp_path / 'r'
     main.main(tiny_args(*tiny_synthetic, result, '--n_epochs', '4', '--checkpoint', '1',

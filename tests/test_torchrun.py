@@ -19,6 +19,8 @@ from utils.distributed import free_port
 from utils.logs import read_tsv
 from utils.processes import child_pids
 
+pytestmark = pytest.mark.slow  # every test starts main.py under a launcher, in processes of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / 'main.py')
 

@@ -175,6 +175,7 @@ def test_check_videos_names_missing_and_broken_files(synthetic_videos, tmp_path)
         check_videos([VideoRecord('b', str(broken), 0, 8, 0, (0, 8))], 'video')
 
 
+@pytest.mark.slow
 def test_train_validate_infer_from_video_files(synthetic_videos, tmp_path):
     """--file_type video end to end on the synthetic set written as .avi/.mp4, with
     a loader worker process; the record table is cached in the result folder."""
