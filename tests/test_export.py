@@ -17,6 +17,7 @@ from util_scripts import export
 from utils.exported import OnnxClassifier
 
 ARCHS = ('resnet', 'resnet2p1d')
+pytestmark = pytest.mark.slow  # each test exports checkpoints that two trainings wrote
 
 
 @pytest.fixture(scope='module')

@@ -79,6 +79,7 @@ def _without_n_classes(args):
     return args[:i] + args[i + 2:]
 
 
+@pytest.mark.slow
 def test_n_classes_defaults_to_the_annotations_label_count(tiny_synthetic, tmp_path):
     main.main(_without_n_classes(_finetune_args(tiny_synthetic, tmp_path, '--n_epochs', '1')))
     saved = load_checkpoint(tmp_path / 'save_1.pth')
@@ -86,6 +87,7 @@ def test_n_classes_defaults_to_the_annotations_label_count(tiny_synthetic, tmp_p
     assert json.loads((tmp_path / 'opts.json').read_text())['run']['n_classes'] == 6
 
 
+@pytest.mark.slow
 def test_mixup_on_a_resumed_run_takes_the_class_count_from_the_checkpoint(tiny_synthetic, tmp_path):
     """Given at the start, --n_classes is not needed to resume, with mixup/cutmix
     either (their targets used the option's default)."""
@@ -96,6 +98,7 @@ def test_mixup_on_a_resumed_run_takes_the_class_count_from_the_checkpoint(tiny_s
     assert load_checkpoint(tmp_path / 'save_2.pth')['n_classes'] == 6
 
 
+@pytest.mark.slow
 def test_n_pretrain_classes_is_read_from_the_pretrained_file(tiny_synthetic, tmp_path):
     pretrained = tmp_path / 'pretrained.pth'
     net = _tiny(n_classes=10)

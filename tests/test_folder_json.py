@@ -70,6 +70,7 @@ def test_video_tree_to_annotation(mp4_tree, tmp_path, capsys):
         assert all(Path(r.path).is_file() and r.n_frames >= 6 for r in records)
 
 
+@pytest.mark.slow
 def test_command_line_and_exit_status(mp4_tree, tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, '-m', 'util_scripts.folder_json', *args],

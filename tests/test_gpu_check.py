@@ -13,6 +13,7 @@ from bench import gpu_check
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_failing_checks_end_in_the_summary(tmp_path):
     names = ['fake_user_error', 'fake_crash', 'fake_hang', 'device_normalisation']
     proc = subprocess.run(

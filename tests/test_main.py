@@ -224,6 +224,7 @@ def test_fine_tuning_freezes_earlier_modules(tiny_synthetic, tmp_path):
     assert not torch.equal(before['layer4.0.conv1.weight'], after['layer4.0.conv1.weight'])
 
 
+@pytest.mark.slow
 def test_pretrained_with_other_class_count_and_module_prefix(tiny_synthetic, tmp_path):
     import argparse
 
@@ -351,6 +352,7 @@ def test_two_channel_flow_from_hdf5(tiny_synthetic, tmp_path):
     assert len(json.loads((tmp_path / 'r' / 'val.json').read_text())['results']) == 12
 
 
+@pytest.mark.slow
 def test_no_train_on_a_mid_epoch_checkpoint_logs_the_epoch_it_is_in(tiny_synthetic, tmp_path, capsys):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--no_val', '--checkpoint_steps', '1')
     run(tiny_synthetic, tmp_path / 'eval', '--no_train', '--resume_path', str(tmp_path / 'save_1_2.pth'))

@@ -20,6 +20,7 @@ def _weights(path):
     return torch.load(path, weights_only=True)['state_dict']
 
 
+@pytest.mark.slow
 def test_run_remade_from_its_opts_json_trains_the_same_weights(tiny_synthetic, tmp_path, capsys):
     video_path, annotation_path = tiny_synthetic
     first = tmp_path / 'x'

@@ -158,6 +158,7 @@ def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_pat
     assert 'holds no EMA weights' in err and 'use --weights raw' in err
 
 
+@pytest.mark.slow
 def test_features_file_shapes_and_ids(trained):
     _, _, out, val = trained
     with h5py.File(out / 'features.h5') as f:
@@ -167,6 +168,7 @@ def test_features_file_shapes_and_ids(trained):
         assert f['n_views'][:].tolist() == [6] * len(val)
 
 
+@pytest.mark.slow
 def test_report_after_inference(trained):
     _, annotation_path, out, _ = trained
     report = (out / 'val_report.txt').read_text()
@@ -175,6 +177,7 @@ def test_report_after_inference(trained):
     assert (out / 'val_confusion.png').read_bytes()[:4] == b'\x89PNG'
 
 
+@pytest.mark.slow
 def test_report_of_a_top_3_result_file_says_top_3(trained, tmp_path, capsys):
     """--output_topk 3 on 6 classes: main.py's report prints top-3 where top-5
     is asked for, and says why (it printed top-1 alone before)."""
@@ -241,6 +244,7 @@ def class_tree(trained, tmp_path_factory):
     return root, good
 
 
+@pytest.mark.slow
 def test_folder_with_broken_videos_classifies_the_others(trained, class_tree, tmp_path, capsys):
     _, _, out, _ = trained
     root, good = class_tree
@@ -275,6 +279,7 @@ def _top1_line(results, truth):
     return f'top-1 accuracy: {hits / len(truth):.4f} ({hits}/{len(truth)})'
 
 
+@pytest.mark.slow
 def test_accuracy_from_class_folders_and_from_the_annotation(trained, class_tree, capsys):
     _, annotation_path, out, _ = trained
     root, good = class_tree
@@ -298,6 +303,7 @@ def test_accuracy_from_class_folders_and_from_the_annotation(trained, class_tree
     assert sum(line.startswith(tuple(good)) for line in text.splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_timeline_of_a_long_video(trained, tmp_path, capsys):
     from tests.video_files import write_video
     _, _, out, _ = trained
@@ -318,6 +324,7 @@ def test_timeline_of_a_long_video(trained, tmp_path, capsys):
     assert (tmp_path / 't.png').read_bytes()[:4] == b'\x89PNG'
 
 
+@pytest.mark.slow
 def test_output_video_draws_each_windows_label(trained, tmp_path, capsys):
     from datasets.video import read_video
     from tests.video_files import frame_level, write_video
@@ -343,6 +350,7 @@ def test_frames_take_the_nearest_window():
     assert texts == ['c 1.00'] * 4 + ['a 0.50'] * 4
 
 
+@pytest.mark.slow
 def test_help_shows_defaults_and_window_outputs_take_one_video(trained, class_tree, capsys):
     _, _, out, _ = trained
     with pytest.raises(SystemExit):
@@ -372,6 +380,7 @@ def _with(checkpoint_path, path, change):
     return str(path)
 
 
+@pytest.mark.slow
 def test_predict_runs_on_averaged_checkpoints(trained, tmp_path, capsys):
     """average_checkpoints carries the options, class names, class count and
     architecture over: predict.py reads the averaged file alone."""
@@ -409,6 +418,7 @@ def test_predict_runs_on_averaged_checkpoints(trained, tmp_path, capsys):
     ('n_classes', lambda c: c.update(n_classes=c['n_classes'] + 1)),
     ('opts.sample_size', lambda c: c['opts'].update(sample_size=c['opts']['sample_size'] * 2)),
     ('opts.mean_dataset', lambda c: c['opts'].update(mean_dataset='kinetics'))])
+@pytest.mark.slow
 def test_averaging_refuses_checkpoints_of_other_settings(trained, tmp_path, capsys, key, change):
     from util_scripts import average_checkpoints
     save = str(trained[2] / 'save_1.pth')

@@ -24,6 +24,7 @@ def refused(tiny, result, capsys, *extra):
     return capsys.readouterr().err.strip().splitlines()
 
 
+@pytest.mark.slow
 def test_another_optimizer_or_schedule_on_resume_is_refused(tiny_synthetic, tmp_path, capsys):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--warmup_epochs', '2', '--min_lr', '0.001')
     out = capsys.readouterr().out
@@ -40,6 +41,7 @@ def test_another_optimizer_or_schedule_on_resume_is_refused(tiny_synthetic, tmp_
     assert not (tmp_path / 'save_2.pth').exists()
 
 
+@pytest.mark.slow
 def test_schedule_settings_on_resume(tiny_synthetic, tmp_path, capsys):
     cosine = ('--lr_scheduler', 'cosine', '--warmup_epochs', '1', '--min_lr', '0.002')
     whole = tmp_path / 'whole'
@@ -65,6 +67,7 @@ def test_schedule_settings_on_resume(tiny_synthetic, tmp_path, capsys):
     assert last == pytest.approx(0.01 * (floor + (1 - floor) * 0.25), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_plateau_patience_on_resume(tiny_synthetic, tmp_path, capsys):
     run(tiny_synthetic, tmp_path, '--n_epochs', '1', '--lr_scheduler', 'plateau', '--plateau_patience', '3')
     run(tiny_synthetic, tmp_path, '--n_epochs', '2', '--lr_scheduler', 'plateau',

@@ -62,6 +62,7 @@ def _claim_best(folder, epoch, acc):
     (folder / 'best.json').write_text(json.dumps({'epoch': epoch, 'val_video_acc': acc}))
 
 
+@pytest.mark.slow
 def test_best_is_cut_back_on_resume_and_in_a_fresh_run(tiny_synthetic, tmp_path, capsys):
     """best.json/best.pth of epochs a run redoes (after its checkpoint; all of
     them in a fresh run) are dropped, as the logs' rows are: a best claimed by

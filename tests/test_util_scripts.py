@@ -595,6 +595,7 @@ def test_eval_accuracy_top1_top2_ignore(gt_and_result):
         0.0, 0, 1)
 
 
+@pytest.mark.slow
 def test_eval_accuracy_cli(gt_and_result, capsys):
     gt, res = gt_and_result
     assert eval_accuracy.main([str(gt), str(res), '--subset', 'val',

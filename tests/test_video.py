@@ -216,6 +216,7 @@ def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
     assert red_levels(VideoClipLoader()(video40, [30, 34])) == [30, 34]
 
 
+@pytest.mark.slow
 def test_every_accepted_container_is_found_by_its_stem_and_trains(tiny_synthetic, tmp_path):
     """One list of extensions for the annotation builders and the loader: a tree of
     .avi, .mov, .mkv and .MP4 videos -> ucf101_json -> --file_type video finds each
