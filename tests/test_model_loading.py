@@ -26,7 +26,7 @@ FAMILIES = [('resnet', 10), ('resnet2p1d', 10), ('preresnet', 10), ('wideresnet'
             ('r2plus1d_18', 18)]
 
 
-HEAVY_FAMILIES = {'densenet', 'wideresnet', 'r2plus1d_18', 'r3d_18'}  # seconds each: `slow`
+HEAVY_FAMILIES = {'densenet', 'wideresnet', 'resnext', 'r2plus1d_18', 'r3d_18', 'mc3_18'}  # seconds each: `slow`
 
 
 @pytest.mark.parametrize('name,depth', [pytest.param(n, d, marks=pytest.mark.slow) if n in HEAVY_FAMILIES else (n, d)
@@ -74,6 +74,7 @@ def test_shortcut_mismatch_hints_at_the_right_shortcut(tmp_path):
     assert 'missing keys' in str(exc.value)
 
 
+@pytest.mark.slow
 def test_torchvision_weights_load_as_pretrained(tmp_path):
     """--model r3d_18 --pretrain_path <torchvision's .pth> (a bare state_dict)."""
     torch.manual_seed(0)

@@ -68,6 +68,7 @@ def test_torchvision_state_dict(name):
     assert count_parameters(model) == expected['n_params']
 
 
+@pytest.mark.slow
 def test_torchvision_r3d_18_weights_load_strict():
     torch.manual_seed(0)
     reference = torchvision.models.video.r3d_18()
@@ -206,7 +207,7 @@ SMALL_MODELS = {
 
 
 # Full-width networks take seconds a forward pass here: CI runs them, `pytest -m "not slow"` skips them.
-HEAVY_MODELS = {'r3d_18', 'mc3_18', 'r2plus1d_18', 'resnext-50_c8', 'densenet-121'}
+HEAVY_MODELS = {'r3d_18', 'mc3_18', 'r2plus1d_18', 's3d', 'swin3d_t', 'resnext-50_c8', 'densenet-121'}
 
 
 @pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY_MODELS else n
@@ -233,8 +234,9 @@ def test_training_step_updates_all_parameters():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-@pytest.mark.parametrize('name', ['resnet-10', 'resnet2p1d-18', 'preresnet-18', 'densenet-121',
-                                  'r3d_18', 'r2plus1d_18', 's3d', 'swin3d_t'])
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY_MODELS else n
+                                  for n in ['resnet-10', 'resnet2p1d-18', 'preresnet-18', 'densenet-121',
+                                            'r3d_18', 'r2plus1d_18', 's3d', 'swin3d_t']])
 def test_flow_input(name):
     """Two-channel (optical flow) input."""
     model = SMALL_MODELS[name](n_classes=5, n_input_channels=2).eval()
