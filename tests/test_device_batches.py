@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 import dataset as data
 from datasets.spatial_transforms import NormalizeToInput
-from tests.test_dataset_builders import prepared
+from tests.test_datasets import prepared
 from utils.device_batches import DeviceLoader, ToDevice
 from utils.distributed import DistContext
 

@@ -13,7 +13,7 @@ from datasets.device_jpeg import CpuJpeg, device_jpeg_decoder
 from datasets.loader import DeferredBatch, DeferredClip
 from opts import parse_opts
 from tests.conftest import tiny_args
-from tests.test_dataset_builders import parsed, prepared
+from tests.test_datasets import parsed, prepared
 from utils.device_batches import BatchDecoder
 from utils.distributed import DistContext
 from utils.errors import DataError, OptionError
