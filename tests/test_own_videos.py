@@ -20,14 +20,13 @@ from utils.logs import read_tsv
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / 'docs' / 'own-videos.md'
-# Batches of 2 at the page's learning rate diverge (validation loss 1.3e7 after 2 epochs),
-# and the export's check (absolute, 1e-4) then fails on the rounding of such logits: 0.01.
+# Batches of 2 at the page's learning rate diverge (validation loss 1.3e7 after 2 epochs).
 TINY = ('--model_depth 10 --resnet_widen_factor 0.5 --sample_size 32 --sample_duration 8 '
         '--n_epochs 2 --batch_size 2 --learning_rate 0.01 --no_progress')
 # Two epochs of 3 steps leave the network's logits in the hundreds (validation loss 218),
-# where float32 rounding between ONNX Runtime and PyTorch reached 1.07e-4 against the
-# check's 1e-4; a trained model's logits are a few units (the page's figures).
-EXPORT_TINY = '--atol 1e-3'
+# where float32 rounding between ONNX Runtime and PyTorch reached 1.07e-4: the check's
+# bound grows with the logits (--rtol), so the page's command runs as written.
+EXPORT_TINY = ''
 PUBLISHED = 'r3d18_K_200ep.pth'  # the page's published checkpoint; here the first run's
 
 
