@@ -160,14 +160,15 @@ def _finish(dataset, spatial, record):
     return dataset
 
 
-def clip_loader(file_type, input_type, short_side=None, index_dir=None, defer_decoding=False):
-    """The clip loader of a file type (datasets/loader.py); a video loader
-    converts frames at ``short_side`` (FFmpeg's scaler) and, with ``index_dir``,
-    demuxes each video's frame index (keyframes, timestamps) once per run, not
-    once per open, kept across epochs and workers (datasets/video_index.py).
+def clip_loader(file_type, input_type, index_dir=None, defer_decoding=False):
+    """The clip loader of a file type (datasets/loader.py), for training,
+    validation, inference and predict.py alike: frames are decoded (JPEG) or
+    converted to RGB (video, FFmpeg's scaler) at the scale the spatial
+    transform's planned crop needs. With ``index_dir`` a video loader demuxes
+    each video's frame index (keyframes, timestamps) once per run, not once per
+    open, kept across epochs and workers (datasets/video_index.py).
     defer_decoding: JPEG bytes for the main process to decode (--decode_device)."""
-    loader = make_loader(file_type, input_type, short_side=short_side,
-                         defer_decoding=defer_decoding)
+    loader = make_loader(file_type, input_type, defer_decoding=defer_decoding)
     if file_type == 'video' and index_dir is not None:
         loader.frame_table = FrameTable(index_dir)
         loader.frame_table.compact()
@@ -187,14 +188,6 @@ def eval_views(opt, n_clips, stride, crop):
     spatial = build_eval_transform(opt.sample_size, mean=mean, std=std,
                                    value_scale=opt.value_scale, crop=crop)
     return temporal, spatial
-
-
-def eval_loader(file_type, input_type, index_dir=None, defer_decoding=False):
-    """The clip loader of validation, inference and predict.py."""
-    # The eval transforms resize the short side to sample_size first: video frames
-    # are converted to RGB at the scale their planned crop needs (FFmpeg's scaler at
-    # 1/2 from 240-pixel frames to 112), as JPEG frames are decoded at it.
-    return clip_loader(file_type, input_type, None, index_dir, defer_decoding)
 
 
 def _index_dir(opt):
@@ -223,8 +216,7 @@ def get_validation_data(opt, record, ctx=None):
     """One item per video: n_val_samples clips spread evenly over it."""
     records, class_names = _records(opt, record, 'validation', ctx)
     temporal, spatial = eval_views(opt, opt.n_val_samples, 0, 'center')
-    loader = eval_loader(opt.file_type, opt.input_type, _index_dir(opt),
-                         record.decode_on_device)
+    loader = clip_loader(opt.file_type, opt.input_type, _index_dir(opt), record.decode_on_device)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -235,8 +227,7 @@ def get_inference_data(opt, record, ctx=None):
     records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset], ctx)
     temporal, spatial = eval_views(opt, opt.inference_n_clips, opt.inference_stride,
                                    opt.inference_crop)
-    loader = eval_loader(opt.file_type, opt.input_type, _index_dir(opt),
-                         record.decode_on_device)
+    loader = clip_loader(opt.file_type, opt.input_type, _index_dir(opt), record.decode_on_device)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names
 

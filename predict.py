@@ -246,7 +246,7 @@ def measure_videos(videos, failures, progress=False):
 def build_dataset(records, videos, options, n_clips, stride, crop):
     temporal, spatial = view_transforms(options, n_clips, stride, crop)
     loader = InputLoader({v.path: v.kind for v in videos},  # main.py's inference loaders
-                         lambda kind: data.eval_loader(kind, options.input_type))
+                         lambda kind: data.clip_loader(kind, options.input_type))
     return VideoWindowDataset(records, loader, temporal, spatial)
 
 

@@ -113,7 +113,7 @@ def test_predict_frame_folder_and_hdf5_equal_inference(trained, tmp_path, capsys
 @pytest.mark.parametrize('size', [None, (56, 44)], ids=['as_jpgs', 'larger'])
 def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, size):
     """Also with frames larger than --sample_size: predict.py's loaders are
-    main.py's (dataset.eval_views, dataset.eval_loader): video frames converted alike."""
+    main.py's (dataset.eval_views, dataset.clip_loader): video frames converted alike."""
     from tests.video_files import videos_from_jpgs
     video_path, annotation_path, out, val = trained
     mp4_root = videos_from_jpgs(video_path, tmp_path / 'mp4', size=size)
