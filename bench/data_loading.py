@@ -220,14 +220,7 @@ def format_rows(paths, n_clips, n_frames, rounds=5):
         'e_load': (video_only, 'avi'),
         'd16_load': (video_only, 'mp4_g16'),
     }
-    # rounds interleave the rows, so that load from other processes hits all of
-    # them alike; the best round of each row is reported
-    best = dict.fromkeys(runs, 0.0)
-    for k in range(rounds):
-        for row, (fn, fmt) in runs.items():
-            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
-            best[row] = max(best[row], rate)
-    return best
+    return best_of_rounds(runs, paths, n_clips, n_frames, rounds)
 
 
 def print_format_table(rates, sizes, n_videos, n_frames):
@@ -282,6 +275,17 @@ def todays_transforms(size, mean, std):
             for name, t in (('train', train), ('val', val))}
 
 
+def best_of_rounds(runs, paths, n_clips, n_frames, rounds):
+    """{row: clips/s} of runs {row: (clip function, format)}, the best of
+    `rounds` interleaved rounds (other load on the machine hits every row alike)."""
+    best = dict.fromkeys(runs, 0.0)
+    for k in range(rounds):
+        for row, (fn, fmt) in runs.items():
+            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
+            best[row] = max(best[row], rate)
+    return best
+
+
 def jpeg_rows(paths, n_clips, n_frames, rounds=5):
     """{row: clips/s}: today's JPEG path (torchvision decode at full size + full-size
     augmentation) against ours (simplejpeg, decoded at the plan's scale), for
@@ -307,12 +311,7 @@ def jpeg_rows(paths, n_clips, n_frames, rounds=5):
         runs[f'{fmt}_limit_tv'] = (lambda p, pos, ld=loader: todays_decode(bytes_of(ld, p, pos)),
                                    fmt)
         runs[f'{fmt}_limit_sj'] = (lambda p, pos, ld=loader: sj_full(ld, p, pos), fmt)
-    best = dict.fromkeys(runs, 0.0)
-    for k in range(rounds):  # interleaved rounds, best of each row (other load hits all alike)
-        for row, (fn, fmt) in runs.items():
-            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
-            best[row] = max(best[row], rate)
-    return best
+    return best_of_rounds(runs, paths, n_clips, n_frames, rounds)
 
 
 def video_scale_rows(paths, n_clips, n_frames, rounds=5):
@@ -345,12 +344,7 @@ def video_scale_rows(paths, n_clips, n_frames, rounds=5):
             runs[f'{fmt}_{kind}_ours'] = (fresh('ours', lambda ld, p, pos, t=t: planned_clip(
                 ld, t, p, pos)), fmt)
         runs[f'{fmt}_limit'] = (video_limit, fmt)
-    best = dict.fromkeys(runs, 0.0)
-    for k in range(rounds):  # interleaved rounds, best of each row (other load hits all alike)
-        for row, (fn, fmt) in runs.items():
-            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
-            best[row] = max(best[row], rate)
-    return best
+    return best_of_rounds(runs, paths, n_clips, n_frames, rounds)
 
 
 def print_video_scale_table(rates, n_videos, n_frames):
