@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -36,7 +37,7 @@ from torchvision.transforms.v2 import functional as F
 __all__ = ['get_mean_std', 'build_train_transform', 'build_eval_transform', 'ClipTransform',
            'NormalizeToInput', 'MultiScaleCornerCrop', 'MEAN_STD', 'ThreeCropTransform',
            'three_crop_boxes', 'EVAL_CROPS', 'ClipPlan', 'ShortSideResize', 'RandomBox',
-           'resized_size', 'DCT_FACTORS']
+           'resized_size', 'DCT_FACTORS', 'contiguous_clip']
 
 MEAN_STD = {
     'kinetics': ([0.4345, 0.4051, 0.3775], [0.2768, 0.2713, 0.2737]),
@@ -86,6 +87,8 @@ class NormalizeToInput:
         """(..., T, C, H, W) uint8 -> (..., C, T, H, W) float32, contiguous (or,
         for batches, in `memory_format`: channels_last_3d with --channels_last)."""
         clip = clip.as_subclass(torch.Tensor)
+        if clip.device.type == 'cpu':
+            clip = contiguous_clip(clip)  # then the float copy moves whole planes
         c = clip.shape[-3]
         if c > self._gain.numel():
             raise ValueError(f'clip has {c} channels but mean/std have {self._gain.numel()}')
@@ -106,6 +109,20 @@ class NormalizeToInput:
 
     def __repr__(self):
         return f'NormalizeToInput(mean={self.mean}, std={self.std}, value_scale={self.value_scale})'
+
+
+def contiguous_clip(clip: torch.Tensor) -> torch.Tensor:
+    """``clip`` in contiguous memory, its shape unchanged.  A CPU uint8 clip in
+    another layout (the resize's channels-last output, its crops and flips) is
+    copied by numpy, which does it about 3.5x as fast as ``Tensor.contiguous``
+    (0.23 against 0.85 ms for 16x3x112x112 on one core, python -m bench.data_loading
+    --sections layout)."""
+    clip = clip.as_subclass(torch.Tensor)
+    if clip.is_contiguous() or clip.device.type != 'cpu' or clip.dtype != torch.uint8:
+        return clip.contiguous()
+    out = torch.empty(clip.shape, dtype=clip.dtype)
+    np.copyto(out.numpy(), clip.numpy())
+    return out
 
 
 def _query_size(flat_inputs: list[Any]) -> tuple[int, int]:
@@ -299,7 +316,7 @@ class KeepUint8:
         self.normalizer = normalizer
 
     def __call__(self, clip: torch.Tensor) -> torch.Tensor:
-        return clip.as_subclass(torch.Tensor).contiguous()
+        return contiguous_clip(clip)
 
     def __repr__(self):
         return 'KeepUint8()'
@@ -397,8 +414,14 @@ class ThreeCropTransform(ClipTransform):
                 factor: int = 1) -> torch.Tensor:
         resized = super().augment(clip, plan, factor)
         h, w = resized.shape[-2:]
-        return torch.stack([resized[..., t:t + ch, lf:lf + cw]
-                            for t, lf, ch, cw in three_crop_boxes(h, w, self.size)])
+        crops = [resized[..., t:t + ch, lf:lf + cw]
+                 for t, lf, ch, cw in three_crop_boxes(h, w, self.size)]
+        if resized.device.type != 'cpu' or resized.dtype != torch.uint8:
+            return torch.stack(crops)
+        out = torch.empty((len(crops), *crops[0].shape), dtype=torch.uint8)
+        for view, crop in zip(out.numpy(), crops):
+            np.copyto(view, crop.numpy())  # contiguous_clip's copy, into the stack
+        return out
 
 
 def build_eval_transform(sample_size: int, mean: Sequence[float] | None = None,

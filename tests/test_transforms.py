@@ -6,10 +6,13 @@ import torch
 
 from datasets.spatial_transforms import (
     MEAN_STD,
+    KeepUint8,
     MultiScaleCornerCrop,
     NormalizeToInput,
+    ThreeCropTransform,
     build_eval_transform,
     build_train_transform,
+    contiguous_clip,
     get_mean_std,
 )
 from datasets.temporal_transforms import (
@@ -239,3 +242,45 @@ def test_train_output_layout_from_channels_last_input():
     a, b = tr(frames), tr(cl)
     assert a.shape == (3, 3, 32, 32) and a.dtype == torch.float32 and a.is_contiguous()
     assert torch.allclose(a, b)
+
+
+def _channels_last(t=4, h=20, w=28):
+    """A uint8 (T, C, H, W) clip in the memory order the JPEG loaders and the
+    uint8 resize give: (T, H, W, C)."""
+    return textured_clip(t=t, h=h, w=w).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize('view', ['whole', 'crop', 'flip', 'batched', 'indexed'])
+def test_contiguous_clip_equals_tensor_contiguous(view):
+    clip = _channels_last()
+    clip = {'whole': clip, 'crop': clip[..., 3:17, 5:25],
+            'flip': clip[..., 2:18, :].flip(-1), 'batched': clip.unsqueeze(0).expand(2, -1, -1, -1, -1),
+            'indexed': clip[..., ::2]}[view]
+    assert not clip.is_contiguous()
+    out = contiguous_clip(clip)
+    assert out.is_contiguous() and out.shape == clip.shape and out.dtype == torch.uint8
+    assert torch.equal(out, clip.contiguous())
+    floats = clip.float()  # not uint8: torch's own copy
+    assert torch.equal(contiguous_clip(floats), floats.contiguous())
+
+
+def test_normalize_and_keep_uint8_from_channels_last():
+    clip = _channels_last()
+    norm = NormalizeToInput([0.5, 0.25, 0.1], [0.5, 0.4, 0.3], 1)
+    ref = (clip.contiguous().double().permute(1, 0, 2, 3) / 255
+           - torch.tensor([0.5, 0.25, 0.1], dtype=torch.float64).view(3, 1, 1, 1)) \
+        / torch.tensor([0.5, 0.4, 0.3], dtype=torch.float64).view(3, 1, 1, 1)
+    out = norm(clip)
+    assert out.is_contiguous() and torch.allclose(out.double(), ref, atol=1e-5)
+    kept = KeepUint8(norm)(clip)
+    assert kept.is_contiguous() and torch.equal(kept, clip.contiguous())
+
+
+def test_three_crops_are_the_crops_of_the_resized_clip():
+    clip = _channels_last(h=24, w=40)
+    three = ThreeCropTransform(16, NormalizeToInput([0] * 3, [1] * 3))
+    crops = three.augment(clip)
+    resized = build_eval_transform(16, crop='nocrop').augment(clip)  # 16x26
+    assert crops.is_contiguous() and crops.shape == (3, 4, 3, 16, 16)
+    for crop, left in zip(crops, (0, 5, 10)):
+        assert torch.equal(crop, resized[..., left:left + 16])
