@@ -216,6 +216,47 @@ def test_decoder_giving_fewer_frames_than_the_index(video40, monkeypatch):
     assert red_levels(VideoClipLoader()(video40, [30, 34])) == [30, 34]
 
 
+def test_a_decoded_clip_is_freed_when_dropped(video40):
+    """No reference cycle between a clip and its open video: the clip, and the
+    decoder frames it holds, go as soon as the caller drops it (with a cycle they
+    waited for the collector and every clip allocated its frames afresh)."""
+    import gc
+    import weakref
+    loader = VideoClipLoader()
+    loader(video40, [0])  # first uses (imports, the decoder's set-up) out of the way
+    gc.disable()
+    try:
+        clip = loader.read(video40, list(range(6, 10)))
+        assert red_levels(clip.decode()) == [6, 7, 8, 9]
+        gone = weakref.ref(clip)
+        del clip
+        assert gone() is None
+        # a clip read after it still decodes; one read before a later read of the same
+        # video may not (its demuxer moved on)
+        first = loader.read(video40, [1, 2])
+        second = loader.read(video40, [3])
+        with pytest.raises(RuntimeError, match='decoded after another read'):
+            first.decode()
+        assert red_levels(second.decode()) == [3]
+    finally:
+        gc.enable()
+
+
+def test_frames_changing_size_within_a_clip(video40, monkeypatch):
+    import datasets.video as video
+    real, calls = video._to_array, []
+
+    def second_frame_smaller(frame, *args, **kwargs):
+        calls.append(1)
+        array = real(frame, *args, **kwargs)
+        return array[:-2] if len(calls) == 2 else array
+
+    monkeypatch.setattr(video, '_to_array', second_frame_smaller)
+    with pytest.raises(DataError, match=rf'{video40.name}: its frames change size within the '
+                                        r'clip \(24x32 and 22x32\)'):
+        VideoClipLoader()(video40, [4, 5, 6])
+
+
 @pytest.mark.slow
 def test_every_accepted_container_is_found_by_its_stem_and_trains(tiny_synthetic, tmp_path):
     """One list of extensions for the annotation builders and the loader: a tree of
