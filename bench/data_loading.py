@@ -65,9 +65,10 @@ from bench import video_clips
 from datasets.annotation import load_annotations
 from datasets.loader import Hdf5ClipLoader, JpgClipLoader
 from datasets.spatial_transforms import (
-    NormalizeToInput,
+    KeepUint8,
     build_eval_transform,
     build_train_transform,
+    contiguous_clip,
     get_mean_std,
 )
 from datasets.temporal_transforms import TemporalRandomCrop
@@ -76,6 +77,7 @@ from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import VideoClipDataset
 
 CLIP = 16
+OUTPUTS = ('float', 'uint8')  # what a worker hands over: normalized (CPU runs) or uint8 (GPU)
 FORMATS = {'mp4': ('libx264', {'preset': 'medium', 'crf': '23'}),  # x264 default GOP (250)
            'avi': ('mpeg4', {'g': '12', 'b': '800k'}),  # FFmpeg's MPEG-4 default GOP
            'mp4_g16': ('libx264', {'preset': 'medium', 'crf': '23', 'g': '16'})}
@@ -247,13 +249,14 @@ def print_format_table(rates, sizes, n_videos, n_frames):
               f'{rates[row] / rates["a"]:.2f}x | {vs_limit} | {alone} | {sizes[fmt]:.1f} |')
 
 
-def planned_clip(loader, transform, path, positions):
+def planned_clip(loader, transform, path, positions, finish=None):
     """What VideoClipDataset does with a JPEG loader: read the bytes, plan the crop
-    from the header's frame size, decode at the plan's reduction, augment, normalize."""
+    from the header's frame size, decode at the plan's reduction, augment, then
+    ``finish`` (default: the transform's own, normalizing to float)."""
     encoded = loader.read(str(path), positions)
     plan = transform.plan(encoded.frame_size)
     factor = plan.reduction(encoded.factors)
-    return transform.finish(transform.augment(encoded.decode(factor), plan, factor))
+    return (finish or transform.finish)(transform.augment(encoded.decode(factor), plan, factor))
 
 
 def todays_decode(data):
@@ -264,14 +267,27 @@ def todays_decode(data):
     return torch.stack([f.permute(1, 2, 0) for f in frames]).permute(0, 3, 1, 2)
 
 
-def todays_transforms(size, mean, std):
+def todays_finish(mean, std, output):
+    """The last step before contiguous_clip (datasets/spatial_transforms.py until
+    then): 'float', NormalizeToInput's permuting float copy of the channels-last
+    clip; 'uint8' (normalized on the device), KeepUint8's ``Tensor.contiguous``."""
+    gain = torch.tensor([1 / 255 / s for s in std]).view(3, 1, 1, 1)
+    bias = torch.tensor([m / s for m, s in zip(mean, std)]).view(3, 1, 1, 1)
+    if output == 'uint8':
+        return lambda clip: clip.as_subclass(torch.Tensor).contiguous()
+    return lambda clip: clip.as_subclass(torch.Tensor).movedim(-3, -4).to(
+        torch.float32).mul_(gain).sub_(bias)
+
+
+def todays_transforms(size, mean, std, output='float'):
     """The v2 pipelines before the crop was planned: full-size clips in, the
-    crop/resize as the pipeline's first step (datasets/spatial_transforms.py until then)."""
-    finish = NormalizeToInput(mean, std)
+    crop/resize as the pipeline's first step, today's finish (``output``: 'float'
+    normalized in the worker, 'uint8' for normalization on the device)."""
+    finish = todays_finish(mean, std, output)
     train = v2.Compose([v2.RandomResizedCrop(size, scale=(0.25, 1.0), ratio=(0.75, 1 / 0.75),
                                              antialias=True), v2.RandomHorizontalFlip(0.5)])
     val = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
-    return {name: (lambda clip, t=t: finish(t(tv_tensors.Video(clip)).as_subclass(torch.Tensor)))
+    return {name: (lambda clip, t=t: finish(t(tv_tensors.Video(clip))))
             for name, t in (('train', train), ('val', val))}
 
 
@@ -291,9 +307,9 @@ def jpeg_rows(paths, n_clips, n_frames, rounds=5):
     augmentation) against ours (simplejpeg, decoded at the plan's scale), for
     training and evaluation transforms, jpg and hdf5, and the full-frame decode limits."""
     mean, std = get_mean_std(1)
-    today = todays_transforms(112, mean, std)
     ours = {'train': build_train_transform(112, mean=mean, std=std),
             'val': build_eval_transform(112, mean=mean, std=std)}
+    finish = {'float': None, 'uint8': KeepUint8(ours['val'].finish)}
     jpg, hdf5 = JpgClipLoader(), Hdf5ClipLoader()
 
     def bytes_of(loader, path, positions):
@@ -303,11 +319,15 @@ def jpeg_rows(paths, n_clips, n_frames, rounds=5):
         return loader.read(str(path), positions).decode(1)
     runs = {}
     for fmt, loader in (('jpg', jpg), ('hdf5', hdf5)):
-        for kind in ('train', 'val'):
-            runs[f'{fmt}_{kind}_today'] = (
-                lambda p, pos, ld=loader, k=kind: today[k](todays_decode(bytes_of(ld, p, pos))), fmt)
-            runs[f'{fmt}_{kind}_ours'] = (
-                lambda p, pos, ld=loader, k=kind: planned_clip(ld, ours[k], p, pos), fmt)
+        for output in OUTPUTS:
+            today = todays_transforms(112, mean, std, output)
+            for kind in ('train', 'val'):
+                runs[f'{fmt}_{kind}_{output}_today'] = (
+                    lambda p, pos, ld=loader, t=today[kind]: t(todays_decode(bytes_of(ld, p, pos))),
+                    fmt)
+                runs[f'{fmt}_{kind}_{output}_ours'] = (
+                    lambda p, pos, ld=loader, t=ours[kind], f=finish[output]: planned_clip(
+                        ld, t, p, pos, f), fmt)
         runs[f'{fmt}_limit_tv'] = (lambda p, pos, ld=loader: todays_decode(bytes_of(ld, p, pos)),
                                    fmt)
         runs[f'{fmt}_limit_sj'] = (lambda p, pos, ld=loader: sj_full(ld, p, pos), fmt)
@@ -324,6 +344,7 @@ def video_scale_rows(paths, n_clips, n_frames, rounds=5):
     mean, std = get_mean_std(1)
     transforms = {'train': build_train_transform(112, mean=mean, std=std),
                   'val': build_eval_transform(112, mean=mean, std=std)}
+    today = todays_finish(mean, std, 'float')
     table = FrameTable(None)
     loaders = {'today_train': VideoClipLoader(threads=1, frame_table=table),
                'today_val': VideoClipLoader(short_side=112, threads=1, frame_table=table),
@@ -339,8 +360,8 @@ def video_scale_rows(paths, n_clips, n_frames, rounds=5):
     runs = {}
     for fmt in ('mp4_g16', 'avi'):
         for kind, t in transforms.items():
-            runs[f'{fmt}_{kind}_today'] = (fresh(f'today_{kind}', lambda ld, p, pos, t=t: t(
-                ld(str(p), pos))), fmt)
+            runs[f'{fmt}_{kind}_today'] = (fresh(f'today_{kind}', lambda ld, p, pos, t=t: today(
+                t.augment(ld(str(p), pos)))), fmt)
             runs[f'{fmt}_{kind}_ours'] = (fresh('ours', lambda ld, p, pos, t=t: planned_clip(
                 ld, t, p, pos)), fmt)
         runs[f'{fmt}_limit'] = (video_limit, fmt)
@@ -386,22 +407,48 @@ def dct_scaling_costs(folder, n_frames: int = 48, rounds: int = 5) -> None:
           ', '.join(f'1/{f} {ms:.3f} ({ms / cost[1]:.0%})' for f, ms in cost.items()))
 
 
+def layout_costs(rounds: int = 50) -> None:
+    """The last copy of a worker's clip: the uint8 resize leaves a 16x3x112x112 clip
+    in channels-last memory, which the worker makes contiguous (uint8, normalized on
+    the device) or normalizes to float (C, T, H, W): torch's copies against
+    contiguous_clip's numpy copy (best of the rounds, ms)."""
+    clip = torch.randint(0, 256, (CLIP, 112, 112, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
+    mean, std = get_mean_std(1)
+    old_float, new_float = todays_finish(mean, std, 'float'), build_eval_transform(
+        112, mean=mean, std=std).finish
+
+    def best(fn):
+        times = []
+        for _ in range(rounds):
+            start = clock()
+            fn()
+            times.append(clock() - start)
+        return min(times) * 1e3
+    print(f'\nlast copy of a channels-last {CLIP}x3x112x112 uint8 clip (ms): '
+          f'uint8 Tensor.contiguous {best(clip.contiguous):.3f}, contiguous_clip '
+          f'{best(lambda: contiguous_clip(clip)):.3f}; to normalized float: before '
+          f'{best(lambda: old_float(clip)):.3f}, now {best(lambda: new_float(clip)):.3f}')
+
+
 def print_jpeg_table(rates, n_videos, n_frames):
     print(f'\nJPEG frames (jpg folders, hdf5), {n_videos} videos of {n_frames} frames, 320x240; '
           f'16-frame clips -> 3x16x112x112, one process, one thread (clips/s). today: '
           f'torchvision decode_jpeg at full size + full-size augmentation; ours: simplejpeg '
           f'at the scale the crop needs. train: random resized crop + flip; val: short side '
           f'to 112 + center crop. limits: read + decode the 16 full frames')
-    print('| format | transform | today | ours | ours / today | ours / limit (torchvision) '
-          '| ours / limit (simplejpeg) |')
-    print('|---|---|---:|---:|---:|---:|---:|')
+    print('output: float = normalized in the worker (CPU runs); uint8 = normalized on the '
+          'device (GPU runs, --normalize_on_device auto)')
+    print('| format | transform | output | today | ours | ours / today '
+          '| ours / limit (torchvision) | ours / limit (simplejpeg) |')
+    print('|---|---|---|---:|---:|---:|---:|---:|')
     for fmt in ('jpg', 'hdf5'):
         tv, sj = rates[f'{fmt}_limit_tv'], rates[f'{fmt}_limit_sj']
         for kind in ('train', 'val'):
-            a, b = rates[f'{fmt}_{kind}_today'], rates[f'{fmt}_{kind}_ours']
-            print(f'| {fmt} | {kind} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {b / tv:.2f}x '
-                  f'| {b / sj:.2f}x |')
-        print(f'| {fmt} | limit: decode 16 full frames | {tv:.1f} (torchvision) | {sj:.1f} '
+            for output in OUTPUTS:
+                a, b = rates[f'{fmt}_{kind}_{output}_today'], rates[f'{fmt}_{kind}_{output}_ours']
+                print(f'| {fmt} | {kind} | {output} | {a:.1f} | {b:.1f} | {b / a:.2f}x '
+                      f'| {b / tv:.2f}x | {b / sj:.2f}x |')
+        print(f'| {fmt} | limit: decode 16 full frames | | {tv:.1f} (torchvision) | {sj:.1f} '
               f'(simplejpeg) | {sj / tv:.2f}x | | |')
 
 
@@ -523,7 +570,7 @@ def main(argv=None):
     p.add_argument('--workers', type=int, nargs='+', default=[1, 2])
     p.add_argument('--batches', type=int, default=8, help='batches per worker count')
     p.add_argument('--index_entries', type=int, default=650_000)
-    sections = ['formats', 'jpeg', 'workers', 'index', 'videos']
+    sections = ['formats', 'jpeg', 'layout', 'workers', 'index', 'videos']
     p.add_argument('--sections', nargs='+', default=sections, choices=sections)
     p.add_argument('--video_clips', type=int, default=120,
                    help='clips per video row (bench/video_clips.py)')
@@ -548,6 +595,8 @@ def main(argv=None):
             print_video_scale_table(video_scale_rows(paths, args.clips, args.n_frames),
                                     args.videos, args.n_frames)
             dct_scaling_costs(paths['jpg'][0], min(48, args.n_frames))
+        if 'layout' in args.sections:
+            layout_costs()
         if 'workers' in args.sections:
             rates = worker_rows(root, args.workers, args.batches)
             print('\nDataLoader (batch 8, random 16-frame clips, crop to 112) feeding a model '

@@ -750,9 +750,8 @@ class VideoClip:
                 raise DataError(f'video file {self.path}: its frames change size within the '
                                 f'clip ({"x".join(map(str, clip.shape[1:3]))} and '
                                 f'{"x".join(map(str, array.shape[:2]))}): {_REENCODE} at one size')
-            # copied into the clip while the converted frame is in the cache, and freed:
-            # the next conversion reuses its memory (0.3 ms less a 16-frame 320x240
-            # clip than stacking them at the end, bench/video_clips.py)
+            # copied into the clip while the converted frame is still in the cache, and
+            # freed: not a list of converted frames kept for one stack at the end
             clip[slots[p]] = array
             filled.append(p)
             item = self._next()
