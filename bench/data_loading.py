@@ -2,18 +2,19 @@
 loader throughput with N workers, and the annotation index at Kinetics scale.
 
     python -m bench.data_loading [--videos 8] [--n_frames 160] [--clips 60]
-                                 [--workers 1 2] [--index_entries 650000]
-                                 [--sections formats jpeg workers index videos]
+                                 [--quality 95] [--workers 1 2] [--index_entries 650000]
+                                 [--sections formats jpeg layout workers index videos]
                                  [--clock wall|cpu] [--video_clips 120]
 
 formats: generated UCF-like videos (320x240, textured moving content) written
   as H.264 .mp4 and MPEG-4 .avi with PyAV, the .mp4 extracted to jpg folders
-  with util_scripts.generate_video_jpgs (--size -1) and packed into hdf5 with
+  with util_scripts.generate_video_jpgs (--size -1, --quality) and packed into hdf5 with
   util_scripts.generate_video_hdf5.  One process, one thread; each clip is 16
   random consecutive frames of a random video (video files opened afresh per
   clip, as in training over many videos), random resized crop to 112 + flip
-  (training augmentation) -> float (3, 16, 112, 112).  The rows run in 5
-  interleaved rounds and the best round counts (other processes share the CPU).
+  (training augmentation) -> float (3, 16, 112, 112).  Every row loads the same
+  clips (the same frames and random crops), each in 5 interleaved rounds, and each
+  clip's fastest round counts (other processes share the CPU).
     (a) the predecessor's path: per frame exists() + PIL open/convert, PIL
         crop/resize/flip, ToTensor, Normalize, stack (3D-ResNets-PyTorch)
     (b) ours on jpg, (c) ours on hdf5, (d) ours on .mp4, (e) ours on .avi (the
@@ -27,12 +28,16 @@ jpeg: the same jpg and hdf5 frames, today's path (torchvision decode_jpeg of the
   only) against ours (simplejpeg, the crop planned first and the frames decoded
   at the scale it needs), for the training transform (random resized crop to
   112 + flip) and the evaluation one (short side to 112 + center crop), with
-  the full-frame decode limits of both decoders; 5 interleaved rounds, best of each.
+  the full-frame decode limits of both decoders, each with the worker's output as
+  on CPU runs (normalized to float) and on GPU runs (uint8, normalized on the device);
+  each clip's best of 5 interleaved rounds.
   Then the same for video files (.mp4 with a keyframe every 16, .avi): today's
   conversion to RGB (full size for training, short side 112 for evaluation)
   against ours (converted at the scale the planned crop needs, FFmpeg's scaler).
   And simplejpeg's decode time per frame at 1/1, 1/2, 1/4, 1/8: what DCT scaling
   can save on these frames.
+layout: the worker's last copy of a clip (channels-last uint8 out of the resize):
+  Tensor.contiguous and the float conversion before, contiguous_clip now.
 workers: a DataLoader (batch 8) over the training data set with 1, 2 worker
   processes feeding a model that does nothing: whether loading or compute
   bounds training.
@@ -112,14 +117,15 @@ def write_video_files(root, n_videos, n_frames, size):
             container.close()
 
 
-def prepare(root, n_videos, n_frames, size):
-    """mp4/avi written with PyAV; jpg and hdf5 made from the mp4 by our tools."""
+def prepare(root, n_videos, n_frames, size, quality=95):
+    """mp4/avi written with PyAV; jpg (JPEG ``quality``) and hdf5 made from the mp4 by
+    our tools."""
     from util_scripts import generate_video_hdf5, generate_video_jpgs
     for ext in FORMATS:
         (root / ext / 'cls').mkdir(parents=True)
     write_video_files(root, n_videos, n_frames, size)
     generate_video_jpgs.main([str(root / 'mp4'), str(root / 'jpg'), 'ucf101', '--size', '-1',
-                              '--n_jobs', '2'])
+                              '--n_jobs', '2', '--quality', str(quality)])
     generate_video_hdf5.main([str(root / 'jpg'), str(root / 'hdf5'), 'ucf101', '--n_jobs', '2'])
     paths = {'jpg': [root / 'jpg' / 'cls' / f'video_{v}' for v in range(n_videos)],
              'hdf5': [root / 'hdf5' / 'cls' / f'video_{v}.hdf5' for v in range(n_videos)]}
@@ -174,15 +180,12 @@ CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 clock = CLOCKS['wall']
 
 
-def clips_per_second(fn, paths, n_clips, n_frames, seed=0):
-    random.seed(seed)
-    torch.manual_seed(seed)
-    temporal = TemporalRandomCrop(CLIP)
-    fn(paths[0], temporal(0, n_frames))  # warm-up
-    start = clock()
-    for i in range(n_clips):
-        fn(paths[random.randrange(len(paths))], temporal(0, n_frames))
-    return n_clips / (clock() - start)
+def timed_clips(n_clips, n_videos, n_frames, seed=0):
+    """The clips every row loads: (video index, positions, seed of its random crop)."""
+    rng = random.Random(seed)
+    starts = TemporalRandomCrop(CLIP, rng=rng)
+    return [(rng.randrange(n_videos), starts(0, n_frames), seed * 100_003 + i)
+            for i in range(n_clips)]
 
 
 def format_rows(paths, n_clips, n_frames, rounds=5):
@@ -276,7 +279,7 @@ def todays_finish(mean, std, output):
     if output == 'uint8':
         return lambda clip: clip.as_subclass(torch.Tensor).contiguous()
     return lambda clip: clip.as_subclass(torch.Tensor).movedim(-3, -4).to(
-        torch.float32).mul_(gain).sub_(bias)
+        torch.float32, memory_format=torch.contiguous_format).mul_(gain).sub_(bias)
 
 
 def todays_transforms(size, mean, std, output='float'):
@@ -292,14 +295,25 @@ def todays_transforms(size, mean, std, output='float'):
 
 
 def best_of_rounds(runs, paths, n_clips, n_frames, rounds):
-    """{row: clips/s} of runs {row: (clip function, format)}, the best of
-    `rounds` interleaved rounds (other load on the machine hits every row alike)."""
-    best = dict.fromkeys(runs, 0.0)
+    """{row: clips/s} of runs {row: (clip function, format)}: every row loads the same
+    ``n_clips`` clips (the same frames, the same random crop: the seed is set per
+    clip), each clip once a round, the rows interleaved; a clip's fastest round
+    counts, so load from other processes, which only ever slows a clip, is left out
+    of every row alike (the ratios between rows are what the tables are for)."""
+    clips = timed_clips(n_clips, len(next(iter(paths.values()))), n_frames)
+    best = {row: [float('inf')] * len(clips) for row in runs}
+    for row, (fn, fmt) in runs.items():  # warm-up: first opens, the scalers' set-up
+        torch.manual_seed(0)
+        fn(paths[fmt][0], clips[0][1])
     for k in range(rounds):
         for row, (fn, fmt) in runs.items():
-            rate = clips_per_second(fn, paths[fmt], max(1, n_clips // rounds), n_frames, seed=k)
-            best[row] = max(best[row], rate)
-    return best
+            times = best[row]
+            for i, (video, positions, seed) in enumerate(clips):
+                torch.manual_seed(seed)
+                start = clock()
+                fn(paths[fmt][video], positions)
+                times[i] = min(times[i], clock() - start)
+    return {row: len(clips) / sum(times) for row, times in best.items()}
 
 
 def jpeg_rows(paths, n_clips, n_frames, rounds=5):
@@ -392,17 +406,16 @@ def dct_scaling_costs(folder, n_frames: int = 48, rounds: int = 5) -> None:
     import simplejpeg
     data = [(folder / f'image_{p + 1:05d}.jpg').read_bytes() for p in range(n_frames)]
     height, width = simplejpeg.decode_jpeg_header(data[0])[:2]
-    cost = {}
-    for f in (1, 2, 4, 8):
-        scale = {} if f == 1 else dict(min_factor=f, min_height=-(-height // f),
-                                        min_width=-(-width // f))
-        best = float('inf')
-        for _ in range(rounds):
-            start = clock()
-            for d in data:
+    scales = {f: {} if f == 1 else dict(min_factor=f, min_height=-(-height // f),
+                                         min_width=-(-width // f)) for f in (1, 2, 4, 8)}
+    best = {f: [float('inf')] * len(data) for f in scales}
+    for _ in range(rounds):  # each frame's fastest round, the factors interleaved
+        for f, scale in scales.items():
+            for i, d in enumerate(data):
+                start = clock()
                 simplejpeg.decode_jpeg(d, **scale)
-            best = min(best, (clock() - start) / len(data))
-        cost[f] = best * 1e3
+                best[f][i] = min(best[f][i], clock() - start)
+    cost = {f: sum(times) / len(times) * 1e3 for f, times in best.items()}
     print(f'\nsimplejpeg decode of a {width}x{height} frame (ms, vs full size): ' +
           ', '.join(f'1/{f} {ms:.3f} ({ms / cost[1]:.0%})' for f, ms in cost.items()))
 
@@ -430,9 +443,10 @@ def layout_costs(rounds: int = 50) -> None:
           f'{best(lambda: old_float(clip)):.3f}, now {best(lambda: new_float(clip)):.3f}')
 
 
-def print_jpeg_table(rates, n_videos, n_frames):
-    print(f'\nJPEG frames (jpg folders, hdf5), {n_videos} videos of {n_frames} frames, 320x240; '
-          f'16-frame clips -> 3x16x112x112, one process, one thread (clips/s). today: '
+def print_jpeg_table(rates, n_videos, n_frames, quality, frame_kb):
+    print(f'\nJPEG frames (jpg folders, hdf5), {n_videos} videos of {n_frames} frames, 320x240, '
+          f'JPEG quality {quality} ({frame_kb:.1f} kB a frame); 16-frame clips -> '
+          f'3x16x112x112, one process, one thread (clips/s). today: '
           f'torchvision decode_jpeg at full size + full-size augmentation; ours: simplejpeg '
           f'at the scale the crop needs. train: random resized crop + flip; val: short side '
           f'to 112 + center crop. limits: read + decode the 16 full frames')
@@ -566,7 +580,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--videos', type=int, default=8)
     p.add_argument('--n_frames', type=int, default=160)
-    p.add_argument('--clips', type=int, default=60, help='clips per row')
+    p.add_argument('--clips', type=int, default=60, help='clips per row (each timed in 5 rounds)')
+    p.add_argument('--quality', type=int, default=95,
+                   help='JPEG quality of the jpg/hdf5 frames (generate_video_jpgs\'s default: 95)')
     p.add_argument('--workers', type=int, nargs='+', default=[1, 2])
     p.add_argument('--batches', type=int, default=8, help='batches per worker count')
     p.add_argument('--index_entries', type=int, default=650_000)
@@ -584,14 +600,15 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if {'formats', 'jpeg', 'workers'} & set(args.sections):
-            paths = prepare(root, args.videos, args.n_frames, (240, 320))
+            paths = prepare(root, args.videos, args.n_frames, (240, 320), args.quality)
         if 'formats' in args.sections:
             rates = format_rows(paths, args.clips, args.n_frames)
             sizes = {fmt: disk_mb(root / fmt) for fmt in ('jpg', 'hdf5', *FORMATS)}
             print_format_table(rates, sizes, args.videos, args.n_frames)
         if 'jpeg' in args.sections:
+            frame_kb = disk_mb(root / 'jpg') * 1e3 / (args.videos * args.n_frames)
             print_jpeg_table(jpeg_rows(paths, args.clips, args.n_frames), args.videos,
-                             args.n_frames)
+                             args.n_frames, args.quality, frame_kb)
             print_video_scale_table(video_scale_rows(paths, args.clips, args.n_frames),
                                     args.videos, args.n_frames)
             dct_scaling_costs(paths['jpg'][0], min(48, args.n_frames))

@@ -215,7 +215,7 @@ class JpgClipLoader:
         data = []
         for path in paths:
             try:
-                with open(path, 'rb') as f:
+                with open(path, 'rb', buffering=0) as f:  # one read, no buffer object
                     data.append(f.read())
             except OSError:
                 if not os.path.isdir(video_dir):
