@@ -458,10 +458,10 @@ def report_failures(failures, videos):
 
 def print_outcome(out, args, accuracy, failures):
     if args.json:
-        data = {'results': out.results, 'views': out.views}
+        summary = {'results': out.results, 'views': out.views}
         if failures:
-            data['failed'] = failures
-        print(json.dumps(data))
+            summary['failed'] = failures
+        print(json.dumps(summary))
     else:
         for video_id, entries in out.results.items():
             print(format_line(video_id, entries))

@@ -36,8 +36,8 @@ jpeg: the same jpg and hdf5 frames, today's path (torchvision decode_jpeg of the
   against ours (converted at the scale the planned crop needs, FFmpeg's scaler).
   And simplejpeg's decode time per frame at 1/1, 1/2, 1/4, 1/8: what DCT scaling
   can save on these frames.
-layout: the worker's last copy of a clip (channels-last uint8 out of the resize):
-  Tensor.contiguous and the float conversion before, contiguous_clip now.
+layout: the worker's last copy of a uint8 clip (channels-last out of the resize):
+  Tensor.contiguous before, contiguous_clip now.
 workers: a DataLoader (batch 8) over the training data set with 1, 2 worker
   processes feeding a model that does nothing: whether loading or compute
   bounds training.
@@ -297,22 +297,26 @@ def todays_transforms(size, mean, std, output='float'):
 def best_of_rounds(runs, paths, n_clips, n_frames, rounds):
     """{row: clips/s} of runs {row: (clip function, format)}: every row loads the same
     ``n_clips`` clips (the same frames, the same random crop: the seed is set per
-    clip), each clip once a round, the rows interleaved; a clip's fastest round
-    counts, so load from other processes, which only ever slows a clip, is left out
-    of every row alike (the ratios between rows are what the tables are for)."""
+    clip).  Each round loads every clip with every row in turn, the rows in an order
+    rotated from clip to clip, and a clip's fastest round counts: the rows of a clip
+    run within a fraction of a second of each other, so the machine's changing
+    speed (other processes, other tenants' memory traffic: a copy here takes 0.43 ms
+    in one minute, 0.78 ms in another) is left out of every row alike."""
     clips = timed_clips(n_clips, len(next(iter(paths.values()))), n_frames)
-    best = {row: [float('inf')] * len(clips) for row in runs}
+    rows = list(runs)
+    best = {row: [float('inf')] * len(clips) for row in rows}
     for row, (fn, fmt) in runs.items():  # warm-up: first opens, the scalers' set-up
         torch.manual_seed(0)
         fn(paths[fmt][0], clips[0][1])
     for k in range(rounds):
-        for row, (fn, fmt) in runs.items():
-            times = best[row]
-            for i, (video, positions, seed) in enumerate(clips):
+        for i, (video, positions, seed) in enumerate(clips):
+            shift = (i + k * 7) % len(rows)
+            for row in rows[shift:] + rows[:shift]:
+                fn, fmt = runs[row]
                 torch.manual_seed(seed)
                 start = clock()
                 fn(paths[fmt][video], positions)
-                times[i] = min(times[i], clock() - start)
+                best[row][i] = min(best[row][i], clock() - start)
     return {row: len(clips) / sum(times) for row, times in best.items()}
 
 
@@ -421,14 +425,11 @@ def dct_scaling_costs(folder, n_frames: int = 48, rounds: int = 5) -> None:
 
 
 def layout_costs(rounds: int = 50) -> None:
-    """The last copy of a worker's clip: the uint8 resize leaves a 16x3x112x112 clip
-    in channels-last memory, which the worker makes contiguous (uint8, normalized on
-    the device) or normalizes to float (C, T, H, W): torch's copies against
-    contiguous_clip's numpy copy (best of the rounds, ms)."""
+    """The last copy of a worker's uint8 clip (normalized on the device): the uint8
+    resize leaves a 16x3x112x112 clip in channels-last memory, which the worker
+    makes contiguous: ``Tensor.contiguous`` before, contiguous_clip's numpy copy now
+    (best of the rounds, ms)."""
     clip = torch.randint(0, 256, (CLIP, 112, 112, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
-    mean, std = get_mean_std(1)
-    old_float, new_float = todays_finish(mean, std, 'float'), build_eval_transform(
-        112, mean=mean, std=std).finish
 
     def best(fn):
         times = []
@@ -438,9 +439,8 @@ def layout_costs(rounds: int = 50) -> None:
             times.append(clock() - start)
         return min(times) * 1e3
     print(f'\nlast copy of a channels-last {CLIP}x3x112x112 uint8 clip (ms): '
-          f'uint8 Tensor.contiguous {best(clip.contiguous):.3f}, contiguous_clip '
-          f'{best(lambda: contiguous_clip(clip)):.3f}; to normalized float: before '
-          f'{best(lambda: old_float(clip)):.3f}, now {best(lambda: new_float(clip)):.3f}')
+          f'Tensor.contiguous {best(clip.contiguous):.3f}, contiguous_clip '
+          f'{best(lambda: contiguous_clip(clip)):.3f}')
 
 
 def print_jpeg_table(rates, n_videos, n_frames, quality, frame_kb):
