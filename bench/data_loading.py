@@ -294,29 +294,36 @@ def todays_transforms(size, mean, std, output='float'):
             for name, t in (('train', train), ('val', val))}
 
 
-def best_of_rounds(runs, paths, n_clips, n_frames, rounds):
+def best_of_rounds(runs, paths, n_clips, n_frames, rounds, block=4):
     """{row: clips/s} of runs {row: (clip function, format)}: every row loads the same
     ``n_clips`` clips (the same frames, the same random crop: the seed is set per
-    clip).  Each round loads every clip with every row in turn, the rows in an order
-    rotated from clip to clip, and a clip's fastest round counts: the rows of a clip
-    run within a fraction of a second of each other, so the machine's changing
-    speed (other processes, other tenants' memory traffic: a copy here takes 0.43 ms
-    in one minute, 0.78 ms in another) is left out of every row alike."""
+    clip), in blocks of ``block`` clips: each round loads a block with every row in
+    turn (the rows in an order rotated from block to block), and a clip's fastest
+    round counts.  A row's block follows one untimed clip of that row (the clip
+    before the block), so a row is timed in its own steady state, as a loader worker
+    runs, not in the allocator and cache state the previous row left; and the rows
+    of a block run within a fraction of a second of each other, so the machine's
+    changing speed (other tenants' memory traffic: the same copy takes 0.43 ms in
+    one minute, 0.75 ms in another) is left out of every row alike."""
     clips = timed_clips(n_clips, len(next(iter(paths.values()))), n_frames)
     rows = list(runs)
     best = {row: [float('inf')] * len(clips) for row in rows}
-    for row, (fn, fmt) in runs.items():  # warm-up: first opens, the scalers' set-up
-        torch.manual_seed(0)
-        fn(paths[fmt][0], clips[0][1])
+
+    def load(row, i):
+        fn, fmt = runs[row]
+        video, positions, seed = clips[i]
+        torch.manual_seed(seed)
+        start = clock()
+        fn(paths[fmt][video], positions)
+        return clock() - start
+    starts = range(0, len(clips), block)
     for k in range(rounds):
-        for i, (video, positions, seed) in enumerate(clips):
-            shift = (i + k * 7) % len(rows)
+        for b, first in enumerate(starts):
+            shift = (b + k * 7) % len(rows)
             for row in rows[shift:] + rows[:shift]:
-                fn, fmt = runs[row]
-                torch.manual_seed(seed)
-                start = clock()
-                fn(paths[fmt][video], positions)
-                best[row][i] = min(best[row][i], clock() - start)
+                load(row, first - 1)  # untimed: this row's steady state
+                for i in range(first, min(first + block, len(clips))):
+                    best[row][i] = min(best[row][i], load(row, i))
     return {row: len(clips) / sum(times) for row, times in best.items()}
 
 
