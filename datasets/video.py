@@ -703,8 +703,8 @@ class VideoClip:
         self._first = None
         # the demuxer is this clip's until the video's next read; held weakly, so a
         # clip is freed, with its decoder's frames, as soon as its caller drops it (a
-        # cycle would keep each clip's frames until the collector ran: ~100 page
-        # faults a 320x240 clip, allocating afresh what freeing would have reused)
+        # cycle would keep each clip's frames until the collector ran, and the next
+        # clips would allocate afresh what freeing would have reused)
         video.reader = weakref.ref(self)
 
     def _next(self):
