@@ -193,6 +193,27 @@ def test_reduced_decoding_matches_full_decoding_for_evaluation(size, factor):
                transform.augment(clip.decode(1), plan, 1)) > 3 * EVAL_BOUND[size]
 
 
+def reduced_training_crop_diffs(read, full_frames, transform, seeds=range(40)) -> list:
+    """Mean absolute differences between training crops decoded at a reduced scale
+    and the same crops of the full-size ``full_frames``, over the ``seeds`` whose
+    crop box allows a reduction (``read()``: the clip, read afresh where decoding
+    consumes it).  The crop lands on the reduced pixel grid (within f/2 pixels of
+    the drawn box, test above), so it is compared with that same box at full size."""
+    diffs = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        clip = read()
+        plan = transform.plan(clip.frame_size)
+        f = plan.reduction(clip.factors)
+        if f == 1:
+            continue
+        out = transform.augment(clip.decode(f), plan, f)
+        t, lf, h, w = plan.box_at(f)
+        on_grid = plan._replace(box=(t * f, lf * f, h * f, w * f))
+        diffs.append(mad(out, transform.augment(full_frames, on_grid, 1)))
+    return diffs
+
+
 @pytest.mark.parametrize('size', [112, 56])
 def test_reduced_decoding_matches_full_decoding_for_training_crops(size):
     """Training crops decoded at the reduction their box allows: mean absolute
@@ -200,19 +221,7 @@ def test_reduced_decoding_matches_full_decoding_for_training_crops(size):
     1.01), 0.73 at 56 (max 1.56); bound 1.2 (max 2.4)."""
     clip = encoded(jpeg_bytes(natural_frames()))
     transform = build_train_transform(size, hflip=False)
-    full_frames, diffs = clip.decode(1), []
-    for seed in range(40):
-        torch.manual_seed(seed)
-        plan = transform.plan(clip.frame_size)
-        f = plan.reduction()
-        if f == 1:
-            continue
-        out = transform.augment(clip.decode(f), plan, f)
-        # the crop lands on the reduced pixel grid (within f/2 pixels of the drawn
-        # box, test above); compare with full-size decoding of that same box
-        t, lf, h, w = plan.box_at(f)
-        on_grid = plan._replace(box=(t * f, lf * f, h * f, w * f))
-        diffs.append(mad(out, transform.augment(full_frames, on_grid, 1)))
+    diffs = reduced_training_crop_diffs(lambda: clip, clip.decode(1), transform)
     assert len(diffs) >= 5
     assert max(diffs) <= 2 * TRAIN_BOUND and np.mean(diffs) <= TRAIN_BOUND, diffs
 

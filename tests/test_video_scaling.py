@@ -12,7 +12,7 @@ from datasets.spatial_transforms import build_eval_transform, build_train_transf
 from datasets.temporal_transforms import TemporalEvenCrop, TemporalRandomCrop
 from datasets.video import VideoClip, VideoClipLoader
 from datasets.videodataset import VideoClipDataset
-from tests.test_scaled_decoding import mad, natural_frames
+from tests.test_scaled_decoding import mad, natural_frames, reduced_training_crop_diffs
 from tests.video_files import red_levels, write_video
 
 
@@ -110,18 +110,8 @@ def test_reduced_conversion_matches_full_conversion_for_training_crops(natural_v
     path, _ = natural_video
     loader = VideoClipLoader(threads=1)
     transform = build_train_transform(112, hflip=False)
-    full_frames, diffs = loader(path, range(8)), []
-    for seed in range(40):
-        torch.manual_seed(seed)
-        clip = loader.read(path, range(8))
-        plan = transform.plan(clip.frame_size)
-        f = plan.reduction(clip.factors)
-        if f == 1:
-            continue
-        out = transform.augment(clip.decode(f), plan, f)
-        t, lf, h, w = plan.box_at(f)
-        on_grid = plan._replace(box=(t * f, lf * f, h * f, w * f))
-        diffs.append(mad(out, transform.augment(full_frames, on_grid, 1)))
+    diffs = reduced_training_crop_diffs(lambda: loader.read(path, range(8)),
+                                        loader(path, range(8)), transform)
     assert len(diffs) >= 5
     assert max(diffs) <= 2 * VIDEO_TRAIN_BOUND and np.mean(diffs) <= VIDEO_TRAIN_BOUND, diffs
 
