@@ -16,7 +16,6 @@ from utils.distributed import all_reduce_sum, unwrap
 from utils.ema import update_ema
 from utils.errors import OptionError
 from utils.launch import log
-from utils.logs import draw_curves
 from utils.mix import MixConfig, mix_batch
 from utils.precise_bn import recompute_bn_stats
 from utils.precision import autocast_context
@@ -299,8 +298,8 @@ def train_and_validate(run, epoch, train_loader, trainer, logs, first_batch, aft
     trainer.schedule.after_epoch(val_stats['loss'] if val_stats else stats['loss'])
     if tb_writer is not None:
         tb_writer.flush()
-    elif ctx.is_main:
-        draw_curves(opt.result_path)
+    if logs['curves'] is not None:
+        logs['curves'].request()
     return stats, val_stats
 
 

@@ -108,6 +108,51 @@ def test_tensorboard_has_the_steps_and_the_hyper_parameters(tiny_synthetic, tmp_
     assert not (tmp_path / 'curves.png').exists()
 
 
+# A stand-in drawing that cannot finish before epoch 2's row is in train.log:
+# if training waited for the drawing, this child would wait out its timeout.
+_WAIT_FOR_EPOCH_2 = """
+import sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    rows = (folder / 'train.log').read_text().splitlines()[1:]
+    if any(r.split('\\t')[0] == '2' for r in rows):
+        break
+    time.sleep(0.05)
+else:
+    sys.exit('timed out waiting for epoch 2')
+(folder / 'drawings').open('a').write('after epoch 2 started\\n')
+"""
+
+
+@pytest.mark.slow
+def test_the_next_epoch_starts_before_a_slow_drawing_ends(tiny_synthetic, tmp_path, monkeypatch, capsys):
+    import sys
+
+    from utils import logs
+    monkeypatch.setattr(logs, 'drawing_command',
+                        lambda folder: [sys.executable, '-c', _WAIT_FOR_EPOCH_2, str(folder)])
+    run(tiny_synthetic, tmp_path, '--n_epochs', '2')
+    # the first drawing (asked for after epoch 1) ended only once epoch 2 was logged; the one
+    # asked for after epoch 2 waited for it and ran at the end
+    assert (tmp_path / 'drawings').read_text().splitlines() == ['after epoch 2 started'] * 2
+    assert 'drawing' not in capsys.readouterr().out  # no failure note
+
+
+def test_a_failed_drawing_is_one_note(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from utils import logs
+    monkeypatch.setattr(logs, 'drawing_command',
+                        lambda folder: [sys.executable, '-c', 'raise SystemExit("no space left on device")'])
+    with logs.CurvesPainter(tmp_path) as painter:
+        painter.request()
+        painter.request()  # while the first runs: one more at the end, not a queue
+    out = capsys.readouterr().out
+    assert out == f'note: drawing {tmp_path.resolve() / "curves.png"} failed: no space left on device\n' * 2
+
+
 def test_without_tensorboard_curves_png_is_redrawn_after_every_epoch(tiny_synthetic, tmp_path, capsys,
                                                                      monkeypatch):
     from utils import logs

@@ -7,6 +7,8 @@ import contextlib
 import csv
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
@@ -120,7 +122,7 @@ def training_logs(opt, ctx, with_val, last_epoch, last_iter=None, resumed_step=0
     an uninterrupted run's. resumed_step: the batches the checkpoint covers,
     after which the per-step TensorBoard scalars are purged."""
     with contextlib.ExitStack() as stack:
-        logs = dict(train=None, batch=None, val=None)
+        logs = dict(train=None, batch=None, val=None, curves=None)
         if ctx.is_main:
             for name in LOG_NAMES:
                 if name == 'train_batch.log' and last_iter is not None:
@@ -137,6 +139,8 @@ def training_logs(opt, ctx, with_val, last_epoch, last_iter=None, resumed_step=0
                 ema_columns = ['ema_loss', 'ema_acc'] if opt.ema_decay > 0 else []
                 logs['val'] = stack.enter_context(TsvLogger(
                     opt.result_path / 'val.log', [*VAL_LOG_COLUMNS, *ema_columns]))
+            if not (opt.tensorboard and tensorboard_installed()):
+                logs['curves'] = stack.enter_context(CurvesPainter(opt.result_path))
         yield logs
 
 
@@ -245,6 +249,63 @@ def draw_curves(result_path):
     fig.savefig(tmp, format='png')
     os.replace(tmp, result_path / CURVES_NAME)
     return drawn
+
+
+def drawing_command(result_path) -> list[str]:
+    """The command that draws CURVES_NAME in a process of its own: it imports
+    this module and matplotlib only, not torch or the run's data."""
+    root = str(Path(__file__).resolve().parents[1])
+    return [sys.executable, '-c', 'import sys; sys.path.insert(0, sys.argv[1]); '
+            'from utils.logs import draw_curves; draw_curves(sys.argv[2])', root, str(result_path)]
+
+
+class CurvesPainter:
+    """Redraws CURVES_NAME after every epoch without holding the next one up:
+    matplotlib takes 0.5-2 s a drawing, most of a short epoch. One drawing runs
+    at a time in a child process; an epoch that ends while one runs asks for
+    another, started when that one is done. Closing waits for the last drawing,
+    so the file shows the whole run at its end."""
+
+    def __init__(self, result_path):
+        self.result_path = Path(result_path).resolve()
+        self.child = None
+        self.pending = False
+
+    def request(self):
+        if self.child is not None and self.child.poll() is None:
+            self.pending = True
+            return
+        self._start()
+
+    def _start(self):
+        self.pending = False
+        self.child = subprocess.Popen(drawing_command(self.result_path), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def _wait(self):
+        try:
+            _, err = self.child.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            _, err = self.child.communicate()
+        if self.child.returncode:
+            lines = err.decode(errors='replace').strip().splitlines() or ['(no message)']
+            print(f'note: drawing {self.result_path / CURVES_NAME} failed: {lines[-1]}', flush=True)
+
+    def close(self):
+        if self.child is None:
+            return
+        self._wait()
+        if self.pending:
+            self._start()
+            self._wait()
+        self.child = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def where_curves_are(result_path, writer):
