@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from datasets.annotation import SUBSET_NAMES
+from datasets.bad_videos import SkipBadVideos
 from datasets.device_jpeg import device_jpeg_decoder
 from datasets.frame_check import check_videos, default_cache_dir
 from datasets.loader import make_loader
@@ -255,11 +256,14 @@ class VideoDataLoader(DataLoader):
 def _on_device(loader, dataset, opt, ctx, with_targets):
     """`loader` with its batches on ctx.device: decoded there when the data
     set's loader defers decoding (--decode_device cuda), normalized there when
-    its spatial transform deferred it, in channels_last_3d with --channels_last."""
+    its spatial transform deferred it, in channels_last_3d with --channels_last.
+    Over SkipBadVideos (--on_bad_video skip) an item whose frames fail to
+    decode there is left out of its batch and reported as a worker reports one."""
     spatial = dataset.spatial_transform
     decoder = None
     if getattr(dataset.loader, 'defer_decoding', False):  # the video loader never defers
-        decoder = BatchDecoder(spatial, device_jpeg_decoder(ctx.device))
+        bad_videos = dataset if isinstance(dataset, SkipBadVideos) else None
+        decoder = BatchDecoder(spatial, device_jpeg_decoder(ctx.device), bad_videos)
     to_device = ToDevice(ctx.device, spatial.device_normalizer, opt.channels_last, decoder)
     return DeviceLoader(loader, to_device, with_targets)
 

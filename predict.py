@@ -186,8 +186,11 @@ def frame_count(video):
 
 
 class InputLoader:
-    """``loader(path, positions)`` for a mix of frame folders, hdf5 and video
-    files: the clip loader ``make(kind)`` of each path's kind."""
+    """``loader(path, positions)`` and ``loader.read(path, positions)`` for a mix
+    of frame folders, hdf5 and video files: those of the clip loader
+    ``make(kind)`` of each path's kind. With ``read`` the data set decodes at the
+    scale the spatial transform plans (datasets/videodataset.py), as main.py's
+    --inference does with the same loaders: the same clips."""
 
     def __init__(self, kinds, make):
         self.kinds = dict(kinds)  # path -> kind
@@ -195,6 +198,10 @@ class InputLoader:
 
     def __call__(self, path, positions):
         return self.loaders[self.kinds[path]](path, positions)
+
+    def read(self, path, positions):
+        """An EncodedClip (frame folders, hdf5) or VideoClip (video files), not decoded yet."""
+        return self.loaders[self.kinds[path]].read(path, positions)
 
 
 def load_model(path, annotation_path, device, weights):
@@ -469,7 +476,15 @@ def print_outcome(out, args, accuracy, failures):
         print(line, file=sys.stderr if args.json else sys.stdout)
 
 
+def check_annotation_path(path):
+    """A missing --annotation_path in predict's terms (the annotation reader's
+    message names main.py's --root_path and --dataset synthetic)."""
+    if path is not None and not path.is_file():
+        raise DataError(f'annotation file {path} not found: check --annotation_path')
+
+
 def run(args, failures):
+    check_annotation_path(args.annotation_path)
     device = torch.device('cuda' if torch.cuda.is_available() and not args.no_cuda else 'cpu')
     videos = find_inputs(args.video)
     if (args.timeline or args.output_video) and len(videos) != 1:

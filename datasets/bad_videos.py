@@ -55,14 +55,19 @@ class SkipBadVideos(Dataset):
             if not isinstance(item, BadVideo):  # in a worker errors come back as values
                 return item
             first_error = first_error or item.message
-            self._report(j, item.message)
-            with self._skipped.get_lock():
-                self._skipped.value += 1
+            self.record_bad(j, item.message)
         message = (f'{min(self.max_tries, n)} videos in a row failed to load '
                    f'(--on_bad_video skip), the first: {first_error}')
         if get_worker_info() is not None:
             return BadVideo(message)  # raised in the main process by the loader
         raise DataError(message)
+
+    def record_bad(self, j, error):
+        """Sample j's video failed to load, here or where its frames were
+        decoded (the main process, --decode_device cuda): reported once, counted."""
+        self._report(j, error)
+        with self._skipped.get_lock():
+            self._skipped.value += 1
 
     def _report(self, j, error):
         if not self._reported[j]:

@@ -183,14 +183,18 @@ class DeferredClip(NamedTuple):
     """What a worker hands over for an item when the main process decodes:
     the frames of ``union`` (sorted distinct positions) as ``frames``, the
     spatial transform's ``plan`` for them, the ``clips`` (lists of positions) to
-    cut out, whether the item holds several (``multi``), and the ``seed`` of
-    the item's other random augmentation steps (None: the transform draws none)."""
+    cut out, whether the item holds several (``multi``), ``rng_state``: the
+    worker's CPU generator state right after the plan was drawn, from which the
+    item's other random augmentation steps continue (None: the transform draws
+    none), and ``record``: the index of the item's video in its data set (for
+    --on_bad_video skip's report of a frame that fails to decode)."""
     frames: PackedFrames
     plan: object
     union: list
     clips: list
     multi: bool
-    seed: int | None
+    rng_state: bytes | None
+    record: int
 
 
 class DeferredBatch(list):

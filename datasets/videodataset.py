@@ -93,17 +93,21 @@ def _decode(loader, record: VideoRecord, union: list[int], spatial, multi: bool)
     return _guarded(record, encoded.decode, factor), plan, factor
 
 
-def _deferred(loader, record: VideoRecord, union: list[int], clips, spatial,
+def _deferred(loader, record: VideoRecord, index: int, union: list[int], clips, spatial,
               multi: bool) -> DeferredClip:
     """The item's frames read, not decoded, with the spatial transform's plan
-    for them (drawn here, as _decode draws it) and a seed for the rest of its
-    random steps, which run where the frames are decoded (utils/device_batches.py)."""
+    for them (drawn here, as _decode draws it) and the CPU generator's state
+    after it: the rest of its random steps (flip, colour jitter, RandAugment,
+    erasing) run where the frames are decoded (utils/device_batches.py) and
+    continue from that state, so they draw what they draw in a worker."""
     if not _one_draw(spatial, multi):
         raise ValueError('decoding on the device needs one augmentation draw per item')
     encoded = _guarded(record, loader.read, record.path, union)
     plan = spatial.plan(_guarded(record, lambda: encoded.frame_size))
-    seed = None if spatial.deterministic else int(torch.randint(2 ** 62, ()))
-    return DeferredClip(encoded.pack(), plan, union, [list(c) for c in clips], multi, seed)
+    # bytes, not a tensor: pickled with the item, not one more shared-memory segment
+    state = None if spatial.deterministic else torch.default_generator.get_state().numpy().tobytes()
+    return DeferredClip(encoded.pack(), plan, union, [list(c) for c in clips], multi, state,
+                        index)
 
 
 def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],
@@ -181,7 +185,7 @@ class VideoClipDataset(Dataset):
         clips = sel if multi else [sel]
         union = sorted(set(chain.from_iterable(clips)))
         if getattr(self.loader, 'defer_decoding', False):
-            return _deferred(self.loader, record, union, clips, self.spatial_transform,
+            return _deferred(self.loader, record, i, union, clips, self.spatial_transform,
                              multi), record.label
         decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform, multi)
         return _make_clips(decoded, union, clips, self.spatial_transform, multi, plan, factor), \
@@ -257,8 +261,8 @@ class VideoWindowDataset(Dataset):
         positions = sw.window(record.positions, k)
         union = sorted(set(positions))
         if getattr(self.loader, 'defer_decoding', False):
-            clip = _deferred(self.loader, record, union, [positions], self.spatial_transform,
-                             False)
+            clip = _deferred(self.loader, record, v, union, [positions],
+                             self.spatial_transform, False)
         else:
             decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform,
                                             False)

@@ -708,3 +708,32 @@ def test_training_with_normalization_on_the_device(tiny_synthetic, tmp_path):
     va = read_tsv(tmp_path / 'off' / 'val.log')[0]
     vb = read_tsv(tmp_path / 'on' / 'val.log')[0]
     assert float(va['loss']) == pytest.approx(float(vb['loss']), rel=1e-4)
+
+
+def test_seeded_samples_seed_the_cpu_generator_alone(tiny_synthetic, tmp_path, monkeypatch):
+    """A sample loaded in the main process (--n_threads 0) must not reseed the
+    CUDA generators: fork_rng(devices=[]) restores the CPU one only, so a
+    torch.manual_seed there would leave every GPU's stream at the sample's seed.
+    The clip is the one drawn from the sample's seed on the CPU generator."""
+    import random
+
+    from utils.resumable_data import SeededSamples
+    opt, record = prepared(tiny_synthetic, tmp_path, '--colorjitter')
+    train_set, _ = dataset.get_training_data(opt, record)
+    seeded = SeededSamples(train_set, 7)
+    seeded.epoch = 2
+    cuda_seeds = []
+    monkeypatch.setattr(torch.cuda, 'manual_seed_all', cuda_seeds.append)
+    monkeypatch.setattr(torch.cuda, 'manual_seed', cuda_seeds.append)
+    torch.manual_seed(1)
+    cuda_seeds.clear()
+    before = torch.get_rng_state()
+    clip, label = seeded[3]
+    assert cuda_seeds == []
+    assert torch.equal(torch.get_rng_state(), before)
+    seed = sample_seed(7, 2, 3)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)
+    expected, expected_label = train_set[3]
+    assert label == expected_label and torch.equal(clip, expected)

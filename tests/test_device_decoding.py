@@ -64,22 +64,30 @@ def test_clips_decoded_in_the_main_process_equal_the_workers(tiny_synthetic, tmp
                    for a, b in zip(rest[:1], rest_y[:1]))
 
 
-def test_random_steps_run_where_the_frames_are_decoded(tiny_synthetic, tmp_path):
-    """With horizontal flips (the tiny runs have --no_hflip) each clip is the
-    same crop as without, flipped or not by the seed its worker drew; both happen."""
-    opt, record = prepared(tiny_synthetic, tmp_path, '--n_threads', '0')
-    plain = first_batches(opt, dataclasses.replace(record, decode_on_device=True), 'train', 3)
-    args = [a for a in tiny_args(*tiny_synthetic, tmp_path / 'h') if a != '--no_hflip']
-    opt_h = parse_opts(args + ['--n_threads', '0'])
-    record_h, _ = main.prepare(opt_h, CPU)
-    hflip = first_batches(opt_h, dataclasses.replace(record_h, decode_on_device=True), 'train', 3)
-    flipped = []
-    for (x, _), (y, _) in zip(plain, hflip):
-        for a, b in zip(x, y):
-            same, mirrored = torch.equal(a, b), torch.equal(a.flip(-1), b)
-            assert same or mirrored
-            flipped.append(mirrored and not same)
-    assert any(flipped) and not all(flipped)
+@pytest.mark.parametrize('extra', [(), ('--colorjitter',), ('--randaugment', '2', '9'),
+                                   ('--random_erasing', '0.5'),
+                                   ('--colorjitter', '--randaugment', '1', '15',
+                                    '--random_erasing', '1', '--train_crop', 'corner')])
+def test_random_steps_continue_the_workers_stream_where_the_frames_are_decoded(
+        tiny_synthetic, tmp_path, extra):
+    """With the training defaults (horizontal flips on: the tiny runs have
+    --no_hflip) and every random step, the main process continues each item's
+    random stream from where its worker planned the crop: the worker path's
+    clips, three batches of them, some flipped, some not."""
+    args = [a for a in tiny_args(*tiny_synthetic, tmp_path / 'r') if a != '--no_hflip']
+    opt = parse_opts(args + ['--n_threads', '0', *extra])
+    record, _ = main.prepare(opt, CPU)
+    workers = first_batches(opt, record, 'train', 3)
+    deferred = first_batches(opt, dataclasses.replace(record, decode_on_device=True), 'train', 3)
+    for (x, y), (x_d, y_d) in zip(workers, deferred):
+        assert torch.equal(y, y_d)
+        assert torch.equal(x, x_d), [torch.equal(a, b) for a, b in zip(x, x_d)]
+    if not extra:  # the flips are drawn: against the same crops without them
+        no_flip = first_batches(parse_opts(args + ['--n_threads', '0', '--no_hflip']), record,
+                                'train', 3)
+        mirrored = [torch.equal(a.flip(-1), b) and not torch.equal(a, b)
+                    for (x, _), (x_d, _) in zip(no_flip, deferred) for a, b in zip(x, x_d)]
+        assert any(mirrored) and not all(mirrored)
 
 
 @pytest.fixture(scope='module')
@@ -197,18 +205,106 @@ def test_the_batched_full_size_decoder_path_on_the_cpu(tiny_synthetic, tmp_path)
 
 def test_training_with_decoding_in_the_main_process_is_the_workers_training(
         tiny_synthetic, tmp_path, monkeypatch):
-    """main.py with a loader worker, validation and inference: decoding in the
-    main process (what --decode_device cuda does, here with simplejpeg) trains
-    to the same weights and scores as decoding in the worker."""
+    """main.py with a loader worker, validation and inference, horizontal flips
+    and colour jitter: decoding in the main process (what --decode_device cuda
+    does, here with simplejpeg) trains to the same weights and scores as
+    decoding in the worker."""
     import json
     runs = ('workers', 'main')
     for name in runs:
         if name == 'main':
             monkeypatch.setattr(data, 'decode_on_device', lambda opt, ctx: True)
-        main.main(tiny_args(*tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--inference'))
+        args = tiny_args(*tiny_synthetic, tmp_path / name, '--n_epochs', '1', '--inference',
+                         '--colorjitter')
+        main.main([a for a in args if a != '--no_hflip'])
     a, b = (torch.load(tmp_path / n / 'save_1.pth', weights_only=True)['state_dict'] for n in runs)
     assert all(torch.equal(a[k], b[k]) for k in a)
     ra, rb = (json.loads((tmp_path / n / 'val.json').read_text())['results'] for n in runs)
     assert ra == rb
     run = json.loads((tmp_path / 'main' / 'opts.json').read_text())['run']
     assert run['decode_on_device'] is True
+
+
+def _skipping_epoch(opt, record):
+    """An epoch of the training loader over SkipBadVideos (main.py's
+    --on_bad_video skip), and the wrapper (its bad-video record)."""
+    from datasets.bad_videos import SkipBadVideos
+    train, _ = data.get_training_data(opt, record)
+    skipping = SkipBadVideos(train)
+    loader = data.make_train_loader(skipping, opt, CPU)
+    data.seed_worker_rngs(0)
+    start_epoch(loader.loader, 1)
+    return list(loader), skipping
+
+
+def test_on_bad_video_skip_drops_a_frame_that_fails_to_decode_in_the_main_process(
+        tiny_synthetic, tmp_path, capsys):
+    """A training video whose 8th JPEG is garbage (in every clip, never the
+    first frame, whose header the worker reads): the worker path replaces the
+    sample by the next one, the main process's decoding drops it from its
+    batch; both name it once in the same line and count it; every other clip
+    and label is the worker path's."""
+    import json
+    import shutil
+    video_path, annotation_path = tiny_synthetic
+    copy = tmp_path / 'jpg'
+    shutil.copytree(video_path, copy)
+    database = json.loads(annotation_path.read_text())['database']
+    bad = next(v for v, e in database.items() if e['subset'] == 'training')
+    (copy / database[bad]['annotations']['label'] / bad / 'image_00008.jpg').write_bytes(
+        b'not a jpeg at all')
+    opt, record = prepared((copy, annotation_path), tmp_path, '--n_threads', '0',
+                           '--on_bad_video', 'skip')
+    workers, skipping = _skipping_epoch(opt, record)
+    assert skipping.take_skipped() == 1
+    worker_lines = capsys.readouterr().err.splitlines()
+    deferred, skipping = _skipping_epoch(opt, dataclasses.replace(record, decode_on_device=True))
+    assert skipping.take_skipped() == 1 and skipping.n_bad_videos == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == worker_lines and len(lines) == 1
+    assert lines[0].startswith(f'skipping video {bad} (--on_bad_video skip): frame ')
+    assert 'image_00008.jpg' in lines[0] and 'is corrupt' in lines[0]
+    assert [len(y) for _, y in workers] == [8, 8, 8]
+    assert sorted(len(y) for _, y in deferred) == [7, 8, 8]
+    for (x, y), (x_d, y_d) in zip(workers, deferred):
+        if len(y_d) == len(y):
+            assert torch.equal(x, x_d) and torch.equal(y, y_d)
+            continue
+        replaced = [k for k in range(len(y)) if not any(torch.equal(x[k], c) for c in x_d)]
+        assert len(replaced) == 1  # the bad sample's place (the next sample's clip there)
+        others = [k for k in range(len(y)) if k != replaced[0]]
+        assert torch.equal(x[others], x_d) and torch.equal(y[others], y_d)
+
+
+def _broken(item):
+    """The DeferredClip with its third frame's bytes replaced by garbage."""
+    frames = list(item.frames.frames())
+    frames[2] = torch.tensor(list(b'not a jpeg'), dtype=torch.uint8)
+    ends = torch.tensor([len(f) for f in frames]).cumsum(0).tolist()
+    return item._replace(frames=item.frames._replace(data=torch.cat(frames), ends=ends))
+
+
+def test_batch_decoder_leaves_out_the_items_that_fail_and_stops_when_none_decodes(
+        tiny_synthetic, tmp_path):
+    class Record:  # SkipBadVideos' record_bad, kept
+        def __init__(self):
+            self.bad = []
+
+        def record_bad(self, j, error):
+            self.bad.append((j, error))
+
+    opt, record = prepared(tiny_synthetic, tmp_path, '--n_threads', '0')
+    dataset, items = _deferred_items(opt, record, data.get_validation_data)
+    record_bad = Record()
+    decoder = BatchDecoder(dataset.spatial_transform, CpuJpeg(), record_bad)
+    assert decoder.decode(items)[1] is None
+    mixed = DeferredBatch([items[0], _broken(items[1]), items[2], items[3]])
+    clips, kept = decoder.decode(mixed)
+    assert kept == [0, 2, 3] and torch.equal(clips, decoder(items)[kept])
+    assert [j for j, _ in record_bad.bad] == [items[1].record] and 'is corrupt' in record_bad.bad[0][1]
+    with pytest.raises(DataError) as e:
+        decoder.decode(DeferredBatch(_broken(item) for item in items))
+    assert str(e.value).startswith('every video of a batch of 4 failed to decode (--on_bad_video '
+                                   'skip), the first: frame ') and '\n' not in str(e.value)
+    with pytest.raises(DataError):  # without --on_bad_video skip: the run's error
+        BatchDecoder(dataset.spatial_transform, CpuJpeg()).decode(mixed)

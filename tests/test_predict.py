@@ -428,3 +428,67 @@ def test_averaging_refuses_checkpoints_of_other_settings(trained, tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err and 'other.pth' in err and save in err
     assert not (tmp_path / 'avg.pth').exists()
+
+
+# ----------------------------------------------------------------------------- reduced-scale decoding
+
+@pytest.fixture(scope='module')
+def large_frames(tiny_synthetic, tmp_path_factory):
+    """tiny_synthetic's validation videos at 128x96 (4x the 32-pixel sample
+    size on the long side, 3x on the short one: JPEG frames decode at 1/2) as
+    frame folders, hdf5 files and .mp4 files, under one root per kind."""
+    from PIL import Image
+
+    from tests.video_files import videos_from_jpgs
+    video_path, annotation_path = tiny_synthetic
+    root = tmp_path_factory.mktemp('large')
+    val = [v for v, e in json.loads(annotation_path.read_text())['database'].items()
+           if e['subset'] == 'validation']
+    for folder in sorted(p for p in video_path.glob('*/*') if p.name in val):
+        target = root / 'jpg' / folder.parent.name / folder.name
+        target.mkdir(parents=True)
+        for frame in sorted(folder.glob('image_*.jpg')):
+            Image.open(frame).convert('RGB').resize((128, 96), Image.BILINEAR).save(
+                target / frame.name, quality=90)
+        (root / 'hdf5' / folder.parent.name).mkdir(parents=True, exist_ok=True)
+        _hdf5_from_jpgs(target, root / 'hdf5' / folder.parent.name / f'{folder.name}.hdf5')
+    videos_from_jpgs(root / 'jpg', root / 'video')
+    return root, annotation_path
+
+
+@pytest.mark.parametrize('kind', ['jpg', 'hdf5', 'video'])
+def test_predict_clips_equal_inference_on_frames_larger_than_the_sample_size(
+        large_frames, tmp_path, kind):
+    """predict.py's views of 128x96 frames at sample size 32 are --inference's:
+    both decode at the scale the crop plans (1/2 here), not one at full size."""
+    import dataset as data
+    from tests.test_datasets import prepared
+    root, annotation_path = large_frames
+    opt, record = prepared((root / kind, annotation_path), tmp_path, '--file_type', kind,
+                           '--inference', *MAIN_VIEWS)
+    inferred, _ = data.get_inference_data(opt, record)
+    videos = predict.find_inputs(root / kind)
+    failures = {}
+    records = predict.measure_videos(videos, failures)
+    assert not failures and len(records) == len(inferred.records) == 12
+    mine = predict.build_dataset(records, videos, opt, 2, 0, 'three')
+    where = {r.video_id: v for v, r in enumerate(inferred.records)}
+    for v, r in enumerate(records):
+        theirs = where[r.video_id]
+        ours = range(mine.video_offsets[v], mine.video_offsets[v + 1])
+        assert len(ours) == inferred.n_windows[theirs] == 2
+        for i, j in zip(ours, range(inferred.video_offsets[theirs], inferred.video_offsets[theirs + 1])):
+            a, b = mine[i][0], inferred[j][0]
+            assert a.shape == b.shape == (3, 3, 8, 32, 32)
+            assert torch.equal(a, b), (r.video_id, (a - b).abs().max().item())
+
+
+@pytest.mark.slow
+def test_a_missing_annotation_file_names_predicts_own_option(trained, tmp_path, capsys):
+    video_path, _, out, val = trained
+    v, label = val[0]
+    missing = tmp_path / 'nope.json'
+    assert predict.main([str(out / 'save_1.pth'), str(video_path / label / v),
+                         '--annotation_path', str(missing), '--n_threads', '0']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f'error: annotation file {missing} not found: check --annotation_path'

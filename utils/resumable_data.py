@@ -44,10 +44,20 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
+def seed_cpu_generators(seed):
+    """Python's, numpy's (32 bits) and torch's CPU generator from one seed: where
+    a sample's augmentation draws. Not torch.manual_seed, which also reseeds
+    every CUDA generator, and fork_rng(devices=[]) would not restore those."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)
+
+
 class SeededSamples(Dataset):
     """The training set with each sample drawn under sample_seed(seed, epoch,
-    index); the global random states are left as they were (with no loader
-    workers, the training step draws from them too). The wrapped data set is
+    index) on the CPU generators (seed_cpu_generators); the global random
+    states are left as they were and the CUDA generators untouched (with no
+    loader workers, the training step draws from them too). The wrapped data set is
     `dataset`."""
 
     def __init__(self, dataset, manual_seed):
@@ -63,7 +73,7 @@ class SeededSamples(Dataset):
         py_state, np_state = random.getstate(), np.random.get_state()
         try:
             with torch.random.fork_rng(devices=[]):
-                seed_everything(seed)
+                seed_cpu_generators(seed)
                 return self.dataset[index]
         finally:
             random.setstate(py_state)
