@@ -17,13 +17,16 @@ Frame *positions* inside the library are 0-based: position ``p`` is
 Building records does not touch the file system (no stat per video; for
 ``file_type='video'`` one listing per class folder finds each video's
 extension); :func:`datasets.frame_check.check_videos` verifies the videos up
-front with one stat (jpg) or one open (hdf5, video) per video.  The names of
+front with one stat (jpg) or one open (hdf5, video) per video.  With ``depends``
+:func:`load_annotations` also says which folders and files the records were read
+from (what a cache of them depends on: datasets/video_index.py).  The names of
 frame files, video extensions and hdf5 datasets are datasets/formats.py's.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,7 @@ from datasets.formats import FILE_TYPES, VIDEO_EXTENSIONS, frame_count, video_fi
 from utils.errors import DataError
 
 __all__ = ['VideoRecord', 'read_annotation', 'video_labels', 'load_annotations',
-           'load_class_names', 'STANDARD_DATASETS', 'SUBSETS', 'SUBSET_NAMES']
+           'load_class_names', 'path_signature', 'STANDARD_DATASETS', 'SUBSETS', 'SUBSET_NAMES']
 
 STANDARD_DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'synthetic')
 SUBSETS = ('training', 'validation', 'testing')
@@ -150,19 +153,38 @@ def _empty_subset_error(path, subset, database: dict, skipped: int = 0) -> DataE
     return DataError(msg)
 
 
+def path_signature(path) -> list[int] | None:
+    """[mtime_ns, size, inode] of a file or folder, None when there is none: a folder's
+    mtime changes when an entry in it is renamed, added or removed, a file's when it is
+    rewritten, its inode when it is replaced."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size, st.st_ino]
+
+
 def load_annotations(annotation_path, subset: str, video_path, dataset: str,
-                     file_type: str = 'jpg') -> tuple[list[VideoRecord], list[str]]:
+                     file_type: str = 'jpg',
+                     depends: dict | None = None) -> tuple[list[VideoRecord], list[str]]:
     """Records of ``subset`` ('training' | 'validation' | 'testing') and the class names.
 
     Paths: ``<video_path>/<label>/<video_id>`` (jpg), ``...<video_id>.hdf5``
-    (hdf5) or ``...<video_id>.mp4`` / ``.avi`` / ... (video: the first of
-    datasets.formats.VIDEO_EXTENSIONS that exists, in any case); entries without a label (test set) live under
+    (hdf5) or ``...<video_id>.mp4`` / ``.avi`` / ... (video: the file of that name
+    with one of datasets.formats.VIDEO_EXTENSIONS, in any case; DataError when two
+    are there); entries without a label (test set) live under
     ``<video_path>/test/``; an entry's ``video_path`` key overrides (relative to
     ``video_path`` unless absolute).  ActivityNet: ``<video_path>/v_<video_id>``.
 
     Entries that have no ``segment`` (the conversion script could not find
     their video) are counted from disk if their video exists, else skipped
     with a warning; this is the only file-system access here.
+
+    ``depends`` (a dict), when given, receives {path: path_signature} of what the
+    records were read from, each signature taken before the read: the video root, the
+    folders the videos' paths were made in (class folders; one listing each for video
+    files) and each video counted from disk.  While they all match, records built
+    again would be the same.
     """
     if subset not in SUBSETS:
         raise DataError(f"subset must be one of {SUBSETS}, got {subset!r}")
@@ -172,21 +194,27 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
     class_names = _class_names(data, annotation_path)
     database = data['database']
     video_path = Path(video_path) if video_path is not None else Path('.')
+    _note(depends, video_path)
     if _is_activitynet(dataset):
         records = _activitynet_records(data, database, class_names, annotation_path, subset,
-                                       video_path, file_type)
+                                       video_path, file_type, depends)
     elif dataset.lower() in STANDARD_DATASETS:
         records = _standard_records(database, class_names, annotation_path, subset,
-                                    video_path, file_type)
+                                    video_path, file_type, depends)
     else:
         raise DataError(f"unknown dataset {dataset!r}: expected one of "
                         f"{STANDARD_DATASETS + ('activitynet',)}")
     return records, class_names
 
 
-def _standard_records(database, class_names, path, subset, video_path, file_type):
+def _note(depends: dict | None, path) -> None:
+    if depends is not None and str(path) not in depends:
+        depends[str(path)] = path_signature(path)
+
+
+def _standard_records(database, class_names, path, subset, video_path, file_type, depends=None):
     class_ids = {name: i for i, name in enumerate(class_names)}
-    suffix = _suffixer(file_type)
+    suffix = _suffixer(file_type, depends)
     records = []
     skipped = 0
     for video_id, entry in database.items():
@@ -211,6 +239,7 @@ def _standard_records(database, class_names, path, subset, video_path, file_type
         vpath = _resolve(video_path, entry, default)
         segment = ann.get('segment')
         if segment is None:
+            _note(depends, vpath)
             n = _count_frames(vpath, file_type)
             if n is None:
                 skipped += 1
@@ -236,18 +265,23 @@ def _standard_records(database, class_names, path, subset, video_path, file_type
     return records
 
 
-def _suffixer(file_type: str):
+def _suffixer(file_type: str, depends: dict | None = None):
     """(folder, video_id) -> path of the video: jpg folder, .hdf5 file, or the video
-    file with the first of VIDEO_EXTENSIONS present (one listing per folder;
-    '.mp4' when none is, which check_videos then reports)."""
-    if file_type == 'jpg':
-        return lambda folder, video_id: folder / video_id
-    if file_type == 'hdf5':
-        return lambda folder, video_id: folder / f'{video_id}.hdf5'
+    file of that name with one of VIDEO_EXTENSIONS (one listing per folder, DataError
+    when two files share the name; '.mp4' when none has it, which check_videos then
+    reports).  Each folder goes into ``depends`` (load_annotations)."""
+    if file_type in ('jpg', 'hdf5'):
+        suffix = '' if file_type == 'jpg' else '.hdf5'
+
+        def frames_path(folder: Path, video_id: str) -> Path:
+            _note(depends, folder)
+            return folder / f'{video_id}{suffix}'
+        return frames_path
     listings: dict[Path, dict[str, str]] = {}
 
     def video_file(folder: Path, video_id: str) -> Path:
         if folder not in listings:
+            _note(depends, folder)  # before the listing: a change after it shows next time
             listings[folder] = video_files(folder)
         return folder / listings[folder].get(video_id, f'{video_id}{VIDEO_EXTENSIONS[0]}')
     return video_file
@@ -261,13 +295,14 @@ def _count_frames(vpath: str, file_type: str):
         return None
 
 
-def _activitynet_records(data, database, class_names, path, subset, video_path, file_type):
+def _activitynet_records(data, database, class_names, path, subset, video_path, file_type,
+                         depends=None):
     """One record per annotated segment (frame number = floor(seconds * fps) + 1,
     1-based); segments shorter than 8 frames are dropped.  Testing entries (no
     annotations) give one record for the whole video, whose length is the
     entry's ``n_frames`` if present, else floor(duration * fps)."""
     class_ids = {name: i for i, name in enumerate(class_names)}
-    suffix = _suffixer(file_type)
+    suffix = _suffixer(file_type, depends)
     records = []
     for video_id, entry in database.items():
         if not isinstance(entry, dict) or entry.get('subset') != subset:

@@ -5,9 +5,9 @@ preparation tools (util_scripts) share.
 * ``jpg``: a folder of ``image_{p+1:05d}.jpg`` files; frame position ``p`` is 0-based.
 * ``hdf5``: a file whose dataset ``video`` holds the JPEG bytes of frame ``p`` at
   element ``p`` (optical flow: ``video_u`` and ``video_v``, of equal length).
-* ``video``: a file with one of :data:`VIDEO_EXTENSIONS` (in any case; the first
-  present wins, in this order); position ``p`` is the ``p``-th frame in
-  presentation order (datasets/video.py).
+* ``video``: a file with one of :data:`VIDEO_EXTENSIONS` (in any case; two files of
+  one name in a folder are refused: :func:`video_files`); position ``p`` is the
+  ``p``-th frame in presentation order (datasets/video.py).
 
 :func:`frame_count` counts the frames of a video of any of the three kinds.
 """
@@ -17,6 +17,8 @@ import errno
 import os
 from pathlib import Path
 
+from utils.errors import DataError
+
 __all__ = ['FILE_TYPES', 'VIDEO_EXTENSIONS', 'HDF5_RGB_KEYS', 'HDF5_FLOW_KEYS', 'HDF5_FRAME_KEYS',
            'HDF5_SUFFIXES', 'frame_file_name', 'frame_number', 'frame_numbers',
            'hdf5_frame_count', 'video_files', 'video_kind', 'frame_count']
@@ -24,7 +26,7 @@ __all__ = ['FILE_TYPES', 'VIDEO_EXTENSIONS', 'HDF5_RGB_KEYS', 'HDF5_FLOW_KEYS', 
 FILE_TYPES = ('jpg', 'hdf5', 'video')
 # The one list of video containers: the annotation builders (util_scripts) and
 # predict.py accept these and the loader looks for <video_path>/<label>/<video_id><ext>
-# with the first of them present.  Each is in the frame-exactness corpus
+# with one of them (video_files).  Each is in the frame-exactness corpus
 # (tests/video_files.py, CORPUS).
 VIDEO_EXTENSIONS = ('.mp4', '.avi', '.webm', '.mkv', '.mov', '.m4v', '.flv', '.mpg', '.mpeg',
                     '.3gp', '.wmv', '.ogv')
@@ -65,20 +67,30 @@ def hdf5_frame_count(h5file) -> int | None:
 
 
 def video_files(folder) -> dict[str, str]:
-    """{stem: file name} of the video files in ``folder``, one listing: where
-    a stem has several, the first of VIDEO_EXTENSIONS (in any case); {} when
-    the folder cannot be listed."""
-    rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
+    """{stem: file name} of the video files in ``folder`` (one of VIDEO_EXTENSIONS, in
+    any case; hidden names such as macOS '._x.mp4' forks left out), one listing; {}
+    when the folder cannot be listed.  The one place where a video's file is found
+    for its name, by the loader and the annotation builders alike: two files of one
+    name (clip.MP4 and clip.avi) are a DataError, not a choice that either could make
+    differently."""
     try:
-        names = os.listdir(folder)
+        names = sorted(os.listdir(folder))
     except OSError:
         return {}
-    found: dict[str, str] = {}
-    for name in sorted(names, key=lambda n: rank.get(os.path.splitext(n)[1].lower(), len(rank))):
+    found: dict[str, list[str]] = {}
+    for name in names:
         stem, ext = os.path.splitext(name)
-        if ext.lower() in rank:
-            found.setdefault(stem, name)
-    return found
+        if ext.lower() in VIDEO_EXTENSIONS and not name.startswith('.'):
+            found.setdefault(stem, []).append(name)
+    shared = [files for files in found.values() if len(files) > 1]
+    if shared:
+        files = shared[0]
+        more = f' ({len(shared) - 1} more names there have several files)' if len(shared) > 1 else ''
+        raise DataError(f'{os.fspath(folder)} holds {len(files)} videos named '
+                        f'{os.path.splitext(files[0])[0]!r}, {" and ".join(files)}{more}: rename or '
+                        f'remove {"one" if len(files) == 2 else "all but one"} (the loader and the '
+                        f'annotation builders find a video by its name)')
+    return {stem: files[0] for stem, files in found.items()}
 
 
 def video_kind(path, hdf5_suffixes=HDF5_SUFFIXES) -> str | None:

@@ -9,10 +9,14 @@ paths, int32 frames, int16 labels); reading an entry builds a short-lived
 ``VideoRecord`` and writes nothing shared.
 
 :func:`load_record_table` builds the table from the annotation once and caches
-it as an ``.npz`` in ``cache_dir`` (next to the results), keyed by the
-annotation file (path, size, modification time), the video path (and its
-modification time), the subset, data set and file type: a change to any of
-them builds a new one.  A cached start-up reads the arrays and skips the JSON.
+it as an ``.npz`` in ``cache_dir`` (next to the results), keyed by the cache's
+FORMAT_VERSION, the annotation file (path, size, modification time), the video
+path, the subset, data set and file type.  The file also lists what its records
+were read from (the video root, each class folder, each video counted from disk:
+datasets.annotation.load_annotations' ``depends``) with their modification
+times: a video renamed, added or removed in a class folder, or a counted one
+replaced, builds it again.  A cached start-up reads the arrays and one stat per
+class folder, and skips the JSON.
 
 :class:`FrameTable` keeps the frame indexes of ``--file_type video`` files (what a
 frame-exact seek needs: timestamps, keyframes) in memory-mapped segment files
@@ -31,13 +35,36 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets.annotation import VideoRecord, load_annotations
+from datasets.annotation import VideoRecord, load_annotations, path_signature
 
 __all__ = ['FrameTable', 'RecordTable', 'load_record_table']
 
-FORMAT_VERSION = 1
+# Bump it whenever what a record cache file stores or means changes (an array, how a
+# path is stored, what `depends` lists): it is in the key, so older files are not read.
+FORMAT_VERSION = 2
 _ARRAYS = ('ids', 'id_offsets', 'paths', 'path_offsets', 'first_frame', 'n_frames', 'label',
            'segment_begin')
+
+
+def _write_atomic(path: Path, write) -> None:
+    """write(file) into a temporary file of a random name, then renamed onto ``path``:
+    ranks write one folder at once, and local rank 0 of two nodes often has one PID
+    (containers), so a name made of the PID was written by both."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f'.{path.name}.{secrets.token_hex(8)}.tmp')
+    try:
+        with open(tmp, 'xb') as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _changed(depends: dict) -> str | None:
+    """The first path of ``depends`` ({path: path_signature}) whose signature differs now."""
+    return next((path for path, signature in depends.items()
+                 if path_signature(path) != signature), None)
 
 
 def _pack(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -105,33 +132,32 @@ class RecordTable(Sequence):
     def __iter__(self) -> Iterator[VideoRecord]:
         return (self[i] for i in range(len(self)))
 
-    def save(self, path, class_names: Sequence[str]) -> None:
-        """Atomic write (temporary file + rename): ranks may race to write it."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-        with open(tmp, 'wb') as f:
-            np.savez(f, root=np.array(self.root), class_names=np.array(json.dumps(class_names)),
-                     **{k: getattr(self, k) for k in _ARRAYS})
-        os.replace(tmp, path)
+    def save(self, path, class_names: Sequence[str], depends: dict | None = None) -> None:
+        """Atomic write (ranks may race to write it); ``depends``: {path: path_signature}
+        of what the records were read from, checked by load."""
+        _write_atomic(Path(path), lambda f: np.savez(
+            f, root=np.array(self.root), class_names=np.array(json.dumps(class_names)),
+            depends=np.array(json.dumps(depends or {})), **{k: getattr(self, k) for k in _ARRAYS}))
 
     @classmethod
     def load(cls, path) -> tuple[RecordTable, list[str]]:
+        """The table and class names saved at ``path``; ValueError when a file or folder
+        the records were read from changed since."""
         with np.load(path, allow_pickle=False) as data:
+            changed = _changed(json.loads(str(data['depends'])))
+            if changed is not None:
+                raise ValueError(f'{changed} changed since the records were read')
             table = cls({k: data[k] for k in _ARRAYS}, str(data['root']))
             return table, json.loads(str(data['class_names']))
 
 
 def _cache_key(annotation_path, subset, video_path, dataset, file_type) -> str:
+    """What names the cache file; the videos' folders are checked by RecordTable.load."""
     annotation = Path(annotation_path).resolve()
     video = Path(video_path).resolve() if video_path is not None else Path('.').resolve()
     st = annotation.stat()
-    try:
-        video_mtime = video.stat().st_mtime_ns
-    except OSError:
-        video_mtime = None
     key = json.dumps([FORMAT_VERSION, str(annotation), st.st_size, st.st_mtime_ns, str(video),
-                      video_mtime, subset, dataset.lower(), file_type])
+                      subset, dataset.lower(), file_type])
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -148,13 +174,14 @@ def load_record_table(annotation_path, subset: str, video_path, dataset: str,
             try:
                 return (*RecordTable.load(cache), True)
             except (OSError, ValueError, KeyError):
-                pass  # damaged: rebuild below
+                pass  # damaged, or the videos changed: rebuild below
+    depends = {} if cache is not None else None
     records, class_names = load_annotations(annotation_path, subset, video_path, dataset,
-                                            file_type=file_type)
+                                            file_type=file_type, depends=depends)
     table = RecordTable.from_records(records, video_path if video_path is not None else '.')
     del records
     if cache is not None:
-        table.save(cache, class_names)
+        table.save(cache, class_names, depends)
     return table, class_names, False
 
 
@@ -192,11 +219,7 @@ def _write_segment(path: Path, arrays: dict[str, np.ndarray]) -> None:
     header = json.dumps({'version': FRAMES_VERSION, 'arrays': layout}).encode()
     header += b' ' * (-len(header) % 8)
     blob = len(header).to_bytes(8, 'little') + header + b''.join(parts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-    with open(tmp, 'wb') as f:
-        np.save(f, np.frombuffer(blob, np.uint8))
-    os.replace(tmp, path)
+    _write_atomic(path, lambda f: np.save(f, np.frombuffer(blob, np.uint8)))
 
 
 def _read_segment(path: Path) -> dict[str, np.ndarray] | None:
@@ -236,8 +259,9 @@ def _row_values(index) -> tuple[dict, np.ndarray]:
 
 
 def _pack_indexes(entries: list[tuple[int, int, int, object]]) -> dict[str, np.ndarray]:
-    """Segment arrays of (path hash, size, mtime_ns, FrameIndex) entries, sorted by hash."""
-    entries = sorted(entries, key=lambda e: e[0])
+    """Segment arrays of (path hash, size, mtime_ns, FrameIndex) entries, sorted by hash;
+    the rows of one video (changed during a run) in the order added: _merge takes the last."""
+    entries = sorted(entries, key=lambda e: e[0])  # stable
     cols = {name: [] for name in _ROWS}
     ragged = {name: [] for name in _RAGGED}
     n_pts = n_keys = 0
@@ -271,8 +295,15 @@ def _gather(parts: list[np.ndarray], offsets: list[np.ndarray], rows: np.ndarray
 
 
 def _merge(segments: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One segment of ``segments`` (newest first): per video (path hash) the newest row."""
-    _, rows = np.unique(np.concatenate([s['hash'] for s in segments]), return_index=True)
+    """One segment of ``segments`` (newest first): per video (path hash) the newest row,
+    that of the newest segment holding it and, within a segment, the last."""
+    hashes = np.concatenate([s['hash'] for s in segments])
+    segment = np.concatenate([np.full(len(s['hash']), k) for k, s in enumerate(segments)])
+    later = np.concatenate([-np.arange(len(s['hash'])) for s in segments])
+    order = np.lexsort((later, segment, hashes))
+    first = np.ones(len(order), bool)
+    first[1:] = hashes[order][1:] != hashes[order][:-1]
+    rows = order[first]
     out = {name: np.concatenate([s[name] for s in segments])[rows]
            for name in _ROWS if not name.endswith('_off')}
     out['pts'], out['pts_off'] = _gather([s['pts'] for s in segments],

@@ -278,8 +278,53 @@ def test_one_frame_counter_for_every_format(tmp_path):
     assert [video_kind(jpg), video_kind(hdf5), video_kind(video), video_kind(tmp_path / 'a.txt'),
             video_kind(tmp_path / 'b.h5'), video_kind(tmp_path / 'b.h5', ('.hdf5',))] == \
         ['jpg', 'hdf5', 'video', None, 'hdf5', None]
-    (tmp_path / 'clip.avi').write_bytes(b'')
-    assert video_files(tmp_path) == {'clip': 'clip.MP4'}  # .mp4 before .avi, in any case
+    assert video_files(tmp_path) == {'clip': 'clip.MP4'}  # in any case; a second clip.*: refused
+
+
+
+def test_two_videos_of_one_name_in_a_folder_are_refused_by_the_loader_and_the_builders(tmp_path):
+    """clip.MP4 and clip.avi in one class folder: the builders counted clip.avi (9 frames:
+    there is no exact clip.mp4 on a case-sensitive disk) and the loader read clip.MP4
+    (.mp4 first, in any case; 6 frames). Both refuse now, naming the two files."""
+    from datasets.formats import video_files
+    from tests.video_files import write_video
+    from util_scripts import folder_json
+    from util_scripts.utils import add_segments
+    root = tmp_path / 'v'
+    write_video(root / 'cls' / 'clip.MP4', n_frames=6)
+    write_video(root / 'cls' / 'clip.avi', n_frames=9)
+    write_video(root / 'cls' / 'other.mp4', n_frames=5)
+    (root / 'cls' / 'other.hdf5').write_bytes(b'')  # another kind: not a second video
+    (root / 'cls' / '._other.mp4').write_bytes(b'')  # a macOS resource fork: ignored
+    _raises_naming(lambda: video_files(root / 'cls'), 'clip.MP4 and clip.avi', 'rename or remove one')
+    annotation = tmp_path / 'a.json'
+    entry = {'subset': 'training', 'annotations': {'label': 'cls', 'segment': [0, 6]}}
+    annotation.write_text(json.dumps({'labels': ['cls'], 'database': {'other': entry}}))
+    _raises_naming(lambda: load_annotations(annotation, 'training', root, 'kinetics', file_type='video'),
+                   'clip.MP4 and clip.avi')
+    database = {'clip': {'subset': 'training', 'annotations': {'label': 'cls'}}}
+    for build in (lambda: add_segments(database, str(root), 'video'),
+                  lambda: folder_json.main([str(root), str(tmp_path / 'b.json')])):
+        with pytest.raises(SystemExit, match='clip.MP4 and clip.avi.*rename or remove one'):
+            build()
+    assert 'segment' not in database['clip']['annotations'] and not (tmp_path / 'b.json').exists()
+    (root / 'cls' / 'clip.avi').unlink()
+    assert video_files(root / 'cls') == {'clip': 'clip.MP4', 'other': 'other.mp4'}
+
+
+
+def test_a_name_in_two_classes_keeps_its_upper_case_extension_in_folder_json(tmp_path):
+    """The entry of a name found in two classes points at its file: one of IMG_0001.MP4
+    stopped folder_json with an AssertionError ("measured but not found"), its path
+    looked for in lower case only."""
+    from tests.video_files import write_video
+    from util_scripts import folder_json
+    for name in ('a/IMG_0001.MP4', 'b/IMG_0001.mp4'):
+        write_video(tmp_path / 'v' / name, n_frames=5)
+    folder_json.main([str(tmp_path / 'v'), str(tmp_path / 'a.json'), '--val_fraction', '0'])
+    database = json.loads((tmp_path / 'a.json').read_text())['database']
+    assert {k: v['video_path'] for k, v in database.items()} == {
+        'a/IMG_0001': 'a/IMG_0001.MP4', 'b/IMG_0001': 'b/IMG_0001.mp4'}
 
 
 # ----------------------------------------------------------------------------- loaders

@@ -222,3 +222,155 @@ def test_a_compaction_of_damaged_segments_only_leaves_an_empty_table(tmp_path):
         (tmp_path / f'frames_{i:020d}_1_abcd.npy').write_bytes(b'not a segment')
     FrameTable(tmp_path).compact()  # raised ValueError (nothing to concatenate) before
     assert len(list(tmp_path.glob('frames_*.npy'))) == 1 and len(FrameTable(tmp_path)) == 0
+
+
+# ----------------------------------------------------------------------------- what the record cache depends on
+
+LONG_AGO = 10**18  # ns: data prepared long ago, so that a change made now shows in an mtime
+
+
+def settle(*paths):
+    for path in paths:
+        os.utime(path, ns=(LONG_AGO, LONG_AGO))
+
+
+def start_up(annotation, root, file_type, result):
+    """The records of a start-up of main.py (dataset._record_table's call)."""
+    table, _, cached = load_record_table(annotation, 'training', root, 'kinetics', file_type=file_type,
+                                         cache_dir=result / 'data_index')
+    return table, cached
+
+
+def write_entries(path, entries):
+    """A kinetics-format annotation of class 'cls': {video_id: segment or None}."""
+    database = {v: {'subset': 'training',
+                    'annotations': {'label': 'cls', **({'segment': s} if s else {})}}
+                for v, s in entries.items()}
+    path.write_text(json.dumps({'labels': ['cls'], 'database': database}))
+    return path
+
+
+def _rename(cls):
+    os.rename(cls / 'a.avi', cls / 'a.mp4')
+
+
+def _add(cls):
+    (cls / 'c.webm').write_bytes(b'')
+
+
+def _remove(cls):
+    (cls / 'b.avi').unlink()
+
+
+@pytest.mark.parametrize('change, expected', [(_rename, ['a.mp4', 'b.avi', 'c.mp4']),
+                                              (_add, ['a.avi', 'b.avi', 'c.webm']),
+                                              (_remove, ['a.avi', 'b.mp4', 'c.mp4'])])
+def test_the_record_cache_sees_a_video_renamed_added_or_removed(tmp_path, change, expected):
+    """A video file's extension comes from its class folder's listing: the cache keyed
+    by the video root's mtime alone kept a.avi after a rename to a.mp4 ("not found" at
+    every start-up until data_index/ was deleted)."""
+    root, cls = tmp_path / 'v', tmp_path / 'v' / 'cls'
+    cls.mkdir(parents=True)
+    for name in ('a.avi', 'b.avi'):
+        (cls / name).write_bytes(b'')  # not read: the segments are in the annotation
+    annotation = write_entries(tmp_path / 'a.json', dict.fromkeys('abc', [0, 8]))
+    settle(root, cls)
+    names = [os.path.basename(r.path) for r in start_up(annotation, root, 'video', tmp_path)[0]]
+    assert names == ['a.avi', 'b.avi', 'c.mp4']  # c: none on disk, the check reports it
+    assert start_up(annotation, root, 'video', tmp_path)[1]  # unchanged: the cache is read
+    change(cls)
+    table, cached = start_up(annotation, root, 'video', tmp_path)
+    assert not cached and [os.path.basename(r.path) for r in table] == expected
+    assert start_up(annotation, root, 'video', tmp_path)[1]
+
+
+@pytest.mark.parametrize('file_type', ['jpg', 'hdf5', 'video'])
+def test_the_record_cache_sees_a_counted_video_replaced_or_added(tmp_path, file_type):
+    """Entries without a segment are counted from disk: a video replaced by a longer
+    one, or one that appears, changes the records (the cache kept the old ones)."""
+    from tests.test_datasets import write_hdf5_video, write_jpg_video
+    from tests.video_files import write_video
+
+    def write(video_id, n):
+        path = cls / {'jpg': video_id, 'hdf5': f'{video_id}.hdf5', 'video': f'{video_id}.mp4'}[file_type]
+        {'jpg': write_jpg_video, 'hdf5': write_hdf5_video,
+         'video': lambda p, n: write_video(p, n_frames=n)}[file_type](path, n)
+        return path
+    root, cls = tmp_path / 'v', tmp_path / 'v' / 'cls'
+    a = write('a', 3)
+    annotation = write_entries(tmp_path / 'a.json', {'a': None, 'b': None})
+    settle(root, cls, a)
+    with pytest.warns(UserWarning, match='skipped 1 entries'):  # b: not on disk
+        table, _ = start_up(annotation, root, file_type, tmp_path)
+    assert [(r.video_id, r.n_frames) for r in table] == [('a', 3)]
+    write('a', 5)  # in place: a jpg folder's mtime, a file's size and mtime change
+    write('b', 4)
+    table, cached = start_up(annotation, root, file_type, tmp_path)
+    assert not cached and [(r.video_id, r.n_frames) for r in table] == [('a', 5), ('b', 4)]
+    assert start_up(annotation, root, file_type, tmp_path)[1]
+
+
+def test_a_cache_of_another_format_version_is_not_read(tmp_path, monkeypatch):
+    import datasets.video_index as video_index
+    annotation = write_entries(tmp_path / 'a.json', {'a': [1, 9]})
+    assert not start_up(annotation, tmp_path / 'v', 'jpg', tmp_path)[1]
+    assert start_up(annotation, tmp_path / 'v', 'jpg', tmp_path)[1]
+    monkeypatch.setattr(video_index, 'FORMAT_VERSION', video_index.FORMAT_VERSION + 1)
+    assert not start_up(annotation, tmp_path / 'v', 'jpg', tmp_path)[1]
+
+
+# ----------------------------------------------------------------------------- writers that race
+
+def test_a_video_changed_during_a_run_keeps_its_newest_index_in_a_merge(four_videos, tmp_path):
+    """One process that opens a video before and after it changed holds two indexes of
+    it in one segment; the merge kept the first (the older)."""
+    from datasets.video_index import COMPACT_ABOVE, FrameTable, path_hash
+    h = path_hash('/v/x.mp4')
+    old, new = scanned_index(four_videos[0]), scanned_index(four_videos[1])
+    table = FrameTable(tmp_path)
+    table.add((h, 1, 1), old)
+    table.add((h, 2, 2), new)  # the same video, changed since
+    table.flush()
+    for i in range(COMPACT_ABOVE):
+        table = FrameTable(tmp_path)
+        table.add((path_hash(f'/v/{i}.mp4'), 5, 5), old)
+        table.flush()
+    FrameTable(tmp_path).compact()
+    merged = FrameTable(tmp_path)
+    assert len(merged) == COMPACT_ABOVE + 1
+    assert merged.lookup((h, 1, 1)) is None and same_index(merged.lookup((h, 2, 2)), new)
+
+
+
+@pytest.mark.parametrize('writer', ['record table', 'frame segment'])
+def test_two_writers_with_one_pid_do_not_share_a_temporary_file(tmp_path, monkeypatch, writer):
+    """Local rank 0 of two nodes often has the same PID (containers), and both write one
+    shared result folder: the temporary file named by the PID alone was written by both,
+    and the rename of the one that finished second found it gone."""
+    import datasets.video_index as video_index
+    target = tmp_path / 'data_index' / 'out.npy'
+
+    def write(n):
+        if writer == 'record table':
+            records = [VideoRecord('v', '/x/v', 0, n, 0, (0, n))]
+            RecordTable.from_records(records, '/x').save(target, ['c'])
+        else:
+            video_index._write_segment(target, {'x': np.arange(n)})
+
+    def written():
+        if writer == 'record table':
+            return int(RecordTable.load(target)[0].n_frames[0])
+        return len(video_index._read_segment(target)['x'])
+    real = {name: getattr(np, name) for name in ('save', 'savez')}
+    other_node = [2]  # frames the other node's table holds, written while this one writes
+
+    def meanwhile(name):
+        def save(*args, **kwargs):
+            if other_node:
+                write(other_node.pop())
+            return real[name](*args, **kwargs)
+        return save
+    for name in real:
+        monkeypatch.setattr(np, name, meanwhile(name))
+    write(7)
+    assert written() == 7 and sorted(p.name for p in target.parent.iterdir()) == ['out.npy']

@@ -178,14 +178,15 @@ PROBLEMS = {
 VIDEO_TYPES = FILE_TYPES
 
 
-def find_video_file(base):
-    """base + the first of VIDEO_EXTENSIONS that exists (.mp4, .avi, ...; in any
-    case, as the loader finds it), or None."""
-    for ext in VIDEO_EXTENSIONS:
-        if os.path.isfile(base + ext):
-            return base + ext
+def find_video_file(base, listings=None):
+    """base + the extension of the video file of that name (.mp4, .avi, ...; in any
+    case), found as the loader finds it (datasets.formats.video_files), or None;
+    ``listings``: {folder: video_files(folder)} listed already."""
     folder, stem = os.path.split(base)
-    name = video_files(folder or '.').get(stem)
+    if listings is not None and folder in listings:
+        name = listings[folder].get(stem)
+    else:
+        name = video_files(folder or '.').get(stem)
     return os.path.join(folder, name) if name else None
 
 
@@ -202,7 +203,7 @@ def video_file_segment(path):
     return [0, n], None, how
 
 
-def video_segment(video_root, label_dir, video_id, video_type=None):
+def video_segment(video_root, label_dir, video_id, video_type=None, listings=None):
     """Return (segment, problem, how) for one video on disk.
 
     jpg folders give the 1-based [1, n + 1], hdf5 files and video files the
@@ -233,7 +234,7 @@ def video_segment(video_root, label_dir, video_id, video_type=None):
             return None, 'empty', None
         return [0, n], None, None
     if video_type in (None, 'video'):
-        path = find_video_file(base)
+        path = find_video_file(base, listings)
         if path is not None:
             return video_file_segment(path)
     return None, 'missing', None
@@ -251,7 +252,17 @@ def add_segments(database, video_root, video_type=None, max_listed=5):
         video_id, entry = item
         label_dir = entry['annotations'].get('label', TEST_FOLDER)
         return (video_id, label_dir,
-                *video_segment(video_root, label_dir, video_id, video_type))
+                *video_segment(video_root, label_dir, video_id, video_type, listings))
+
+    # one listing per folder, here: two videos of one name stop the tool in one line
+    listings = {}
+    if video_type in (None, 'video'):
+        for folder in {os.path.join(video_root, e['annotations'].get('label', TEST_FOLDER))
+                       for e in database.values()}:
+            try:
+                listings[folder] = video_files(folder)
+            except DataError as e:
+                fail(str(e))
 
     problems, dropped, counted = {}, [], {}
     # threads: counting frames of video files decodes them (FFmpeg runs
