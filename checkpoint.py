@@ -29,7 +29,7 @@ from utils.checkpoint import (
     save_checkpoint_atomic,
 )
 from utils.ema import ema_checkpoint_entries, inference_state_dict, load_ema, make_ema
-from utils.errors import CheckpointError, OptionError
+from utils.errors import CheckpointError, DataError, OptionError
 from utils.launch import log, on_main_rank
 from utils.lr_schedule import LRSchedule, ScheduleConfig, schedule_kind, steps_per_epoch
 from utils.precision import amp_dtype
@@ -213,21 +213,48 @@ def resumed_learning_rate(opt, ctx, checkpoint, lr, defaults):
     return stored
 
 
+def schedule_changes(opt, checkpoint, defaults):
+    """What a resumed training changes of its checkpoint's schedule, for the run
+    record: {option: {'checkpoint': its value, 'now': this run's}} of
+    --n_epochs and of the SCHEDULE_SETTINGS given that shape --lr_scheduler."""
+    if checkpoint is None or opt.no_train:
+        return {}
+    stored = checkpoint.get('opts') or {}
+    changes = {}
+    for key in ('n_epochs', *SCHEDULE_SETTINGS):
+        old, now = stored.get(key), getattr(opt, key)
+        given = key == 'n_epochs' or now != defaults[key]  # n_epochs is never the checkpoint's
+        shapes = SCHEDULE_SETTINGS.get(key, opt.lr_scheduler) == opt.lr_scheduler
+        if old is not None and given and shapes and now != old:
+            changes[key] = {'checkpoint': old, 'now': now}
+    return changes
+
+
+def describe_schedule_changes(changes, schedule, checkpoint_rate):
+    """The line that says what schedule_changes found; with cosine, the rate the
+    next step runs at on the new schedule and on the checkpoint's."""
+    line = ', '.join(f'--{key} {change["now"]:g} replaces the checkpoint\'s {change["checkpoint"]:g}'
+                     for key, change in changes.items()) + ' from here on'
+    if schedule.kind == 'cosine':
+        rate = schedule.scheduler.optimizer.param_groups[0]['lr']
+        line += (f': the cosine schedule is recomputed, optimizer step {schedule.steps_done + 1} runs at '
+                 f'lr {rate:g} (the checkpoint\'s schedule: {checkpoint_rate:g})')
+    return line
+
+
 def schedule_config(opt, ctx, checkpoint, defaults):
     """--lr_scheduler's settings. On resume, a SCHEDULE_SETTINGS option not
     given is the checkpoint's, and a new value applies from the checkpoint on
-    (one line says so). --warmup_epochs and --min_lr given with another
+    (make_trainer says so). --warmup_epochs and --min_lr given with another
     schedule than cosine are named: they do nothing there."""
     stored = (checkpoint or {}).get('opts') or {}
     values, given = {}, set()
-    for key, shaped in SCHEDULE_SETTINGS.items():
+    for key in SCHEDULE_SETTINGS:
         value, old = getattr(opt, key), stored.get(key)
         if value != defaults[key]:
             given.add(key)
         if old is not None and key not in given:
             value = old
-        elif old is not None and value != old and opt.lr_scheduler == shaped:
-            log(ctx, f'--{key} {value:g} replaces the checkpoint\'s {old:g} from here on')
         values[key] = value
     if opt.lr_scheduler != 'cosine' and given & {'warmup_epochs', 'min_lr'}:
         log(ctx, f'--warmup_epochs and --min_lr shape the cosine schedule only: ignored with '
@@ -253,13 +280,50 @@ def make_trainer(opt, ctx, record, model, checkpoint, n_batches, defaults):
         log(ctx, f'{record.resume_path} has no EMA weights: the average starts from its weights')
     if checkpoint is not None and 'optimizer' in checkpoint:
         optimizer.load_state_dict(checkpoint['optimizer'])
+        checkpoint_rate = optimizer.param_groups[0]['lr']
         schedule.load_state_dict(checkpoint['scheduler'], milestones=(
             opt.multistep_milestones if opt.overwrite_milestones else None),
             patience=config.plateau_patience if 'plateau_patience' in (checkpoint.get('opts') or {})
             else None)
+        if record.schedule_changes:
+            log(ctx, describe_schedule_changes(record.schedule_changes, schedule, checkpoint_rate))
         if checkpoint.get('scaler') and fp16:  # empty from a bf16 or fp32 run
             scaler.load_state_dict(checkpoint['scaler'])
     return Trainer(optimizer, schedule, scaler, ema)
+
+
+def check_class_names(stored, found, checkpoint_path, annotation_path, fine_tuning):
+    """The checkpoint's class names (`stored`; None: the predecessor's, which
+    kept none) against the annotation's (`found`), whose counts are equal by
+    now: the same names in another order would train and score under swapped
+    names, other names are another task. Raises DataError; fine_tuning
+    (--pretrain_path) expects new classes: returns a note line then."""
+    if not stored or not found or list(stored) == list(found):
+        return None
+    source = f'--resume_path {checkpoint_path}'
+    if sorted(stored) == sorted(found):
+        moved = [(name, i, found.index(name)) for i, name in enumerate(stored) if found[i] != name][:2]
+        (a, a_was, a_is), (b, b_was, b_is) = moved
+        raise DataError(
+            f'{annotation_path} lists the classes of {source} in another order: \'{a}\' is label '
+            f'{a_was} in the checkpoint and {a_is} here, \'{b}\' {b_was} and {b_is}; resumed, they would '
+            f'train and score under swapped names: write the annotation in the checkpoint\'s order '
+            f'(python -m util_scripts.folder_json ROOT OUT.json --labels_from {checkpoint_path}), or '
+            f'start a new optimization from its weights with --pretrain_path {checkpoint_path}')
+    missing = [name for name in stored if name not in found]
+    new = [name for name in found if name not in stored]
+    difference = ', '.join([f'{_first_of(missing)} is not in it'] * bool(missing) +
+                           [f'{_first_of(new)} is new'] * bool(new))
+    if fine_tuning:
+        return (f'{annotation_path} has other classes than {source}: {difference}: fine-tuning '
+                f'(--pretrain_path) goes on under the annotation\'s names')
+    raise DataError(f'{annotation_path} has other classes than {source}: {difference}; resume with '
+                    f'the annotation it was trained on, or fine-tune its weights on these classes with '
+                    f'--pretrain_path {checkpoint_path}')
+
+
+def _first_of(names):
+    return f"'{names[0]}'" + (f' (and {len(names) - 1} more)' if len(names) > 1 else '')
 
 
 def load_resumed_weights(model, checkpoint, opt, record):

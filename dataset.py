@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from datasets.annotation import SUBSET_NAMES
 from datasets.bad_videos import SkipBadVideos
 from datasets.device_jpeg import device_jpeg_decoder
-from datasets.frame_check import check_videos, default_cache_dir
+from datasets.frame_check import check_videos, count_short_videos, default_cache_dir
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
@@ -275,6 +275,20 @@ def _loader_kwargs(opt, ctx):
     if opt.n_threads > 0:
         kwargs['prefetch_factor'] = 4
     return kwargs
+
+
+def short_video_warnings(opt, train, val) -> list[str]:
+    """Clips of videos shorter than a clip are loop-padded: a line for each data set that has some."""
+    lines = []
+    for name, dataset in (('training', train), ('validation', val)):
+        if dataset is None or not hasattr(dataset, 'records'):
+            continue
+        short = count_short_videos(dataset.records, opt.sample_duration, opt.sample_t_stride)
+        if short:
+            lines.append(f'warning: {short} of {len(dataset.records)} {name} videos are shorter than '
+                         f'a clip (--sample_duration {opt.sample_duration}, --sample_t_stride '
+                         f'{opt.sample_t_stride}): their clips repeat frames (loop padding)')
+    return lines
 
 
 def per_process_batch(batch_size, ctx, option='--batch_size'):

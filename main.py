@@ -29,7 +29,6 @@ import checkpoint as ckpt
 import dataset as data
 from datasets.annotation import SUBSET_NAMES
 from datasets.bad_videos import SkipBadVideos
-from datasets.frame_check import count_short_videos
 from inference import report_inference, run_inference, write_features
 from model import build_model, classifier_name, freeze_before, make_parallel
 from training import EpochTotals, LoopConfig, LossWatch, train_and_validate
@@ -84,7 +83,12 @@ class Run:
 def run_stages(opt, ctx):
     record, checkpoint = prepare(opt, ctx)
     datasets = load_data(opt, record, ctx)
-    warn_short_videos(opt, ctx, datasets)
+    if checkpoint is not None and (note := ckpt.check_class_names(  # by name: never swapped labels
+            checkpoint.get('class_names'), datasets.class_names, record.resume_path,
+            record.annotation_path, fine_tuning=opt.pretrain_path is not None)):
+        log(ctx, note)
+    for warning in data.short_video_warnings(opt, datasets.train, datasets.val):
+        log(ctx, warning)
     model = restore(opt, ctx, record, checkpoint)
     if ctx.is_main:
         save_opts(opt, opt.result_path / 'opts.json', run=record.to_dict())
@@ -145,7 +149,8 @@ def prepare(opt, ctx):
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
         decode_on_device=data.decode_on_device(opt, ctx),
         video_path=video_path, annotation_path=annotation_path,
-        resume_path=resume, **ckpt.fine_tuning_settings(opt, checkpoint, resume, defaults))
+        resume_path=resume, schedule_changes=ckpt.schedule_changes(opt, checkpoint, defaults),
+        **ckpt.fine_tuning_settings(opt, checkpoint, resume, defaults))
     return record, checkpoint
 
 
@@ -187,18 +192,6 @@ def load_data(opt, record, ctx=None):
                               'without --inference): give --n_classes')
         record.n_classes = len(class_names)
     return DataSets(train, val, infer, class_names)
-
-
-def warn_short_videos(opt, ctx, datasets):
-    """Clips of videos shorter than a clip are loop-padded: say how many there are."""
-    for name, dataset in (('training', datasets.train), ('validation', datasets.val)):
-        if dataset is None or not hasattr(dataset, 'records'):
-            continue
-        short = count_short_videos(dataset.records, opt.sample_duration, opt.sample_t_stride)
-        if short:
-            log(ctx, f'warning: {short} of {len(dataset.records)} {name} videos are shorter than '
-                     f'a clip (--sample_duration {opt.sample_duration}, --sample_t_stride '
-                     f'{opt.sample_t_stride}): their clips repeat frames (loop padding)')
 
 
 # ----------------------------------------------------------------------------- restore

@@ -129,3 +129,46 @@ def test_a_text_file_is_not_a_checkpoint(tmp_path):
     good = tmp_path / 'save_2.pth'
     ck.save_checkpoint_atomic({'epoch': 2, 'state_dict': {}}, good)
     assert ck.load_training_checkpoint(good)['epoch'] == 2
+
+
+# ----------------------------------------------------------------------------- resuming (checkpoint.py)
+
+def test_class_names_checked_by_name():
+    from checkpoint import check_class_names
+    from utils.errors import DataError
+    stored = ['walk', 'run', 'jump', 'sit']
+    assert check_class_names(stored, list(stored), 'c.pth', 'a.json', fine_tuning=False) is None
+    assert check_class_names(None, ['x'], 'c.pth', 'a.json', fine_tuning=False) is None  # predecessor's
+    # 'walk' stays label 0; 'run' and 'jump' are the first two that moved
+    with pytest.raises(DataError, match=r"a.json lists the classes of --resume_path c.pth in another order: "
+                                        r"'run' is label 1 in the checkpoint and 3 here, 'jump' 2 and 1; "):
+        check_class_names(stored, ['walk', 'jump', 'sit', 'run'], 'c.pth', 'a.json', fine_tuning=True)
+    other = ['walk', 'run', 'hop', 'stand']
+    with pytest.raises(DataError, match=r"other classes than --resume_path c.pth: 'jump' \(and 1 more\) is "
+                                        r"not in it, 'hop' \(and 1 more\) is new; .* --pretrain_path c.pth"):
+        check_class_names(stored, other, 'c.pth', 'a.json', fine_tuning=False)
+    note = check_class_names(stored, other, 'c.pth', 'a.json', fine_tuning=True)
+    assert note.endswith("is new: fine-tuning (--pretrain_path) goes on under the annotation's names")
+
+
+@pytest.mark.parametrize('change', [{'n_epochs': 5}, {'min_lr': 0.03}, {'warmup_epochs': 2.0}])
+def test_resumed_cosine_rate_is_the_new_schedules(change):
+    """Loading a cosine state into a schedule of other settings sets the rate the
+    next step uses to the new schedule's at that step (before: the old one's)."""
+    from utils.lr_schedule import LRSchedule, ScheduleConfig
+
+    def schedule(**settings):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        return LRSchedule(optimizer, ScheduleConfig('cosine', **settings), steps_per_epoch=4)
+    old = {'n_epochs': 3, 'min_lr': 0.01, 'warmup_epochs': 1.0}
+    trained, whole = schedule(**old), schedule(**{**old, **change})
+    for _ in range(6):
+        for run in (trained, whole):
+            run.scheduler.optimizer.step()
+            run.after_step()
+    resumed = schedule(**{**old, **change})
+    resumed.scheduler.optimizer.param_groups[0]['lr'] = trained.scheduler.optimizer.param_groups[0]['lr']
+    resumed.load_state_dict(trained.state_dict())
+    rate = resumed.scheduler.optimizer.param_groups[0]['lr']
+    assert rate == whole.scheduler.optimizer.param_groups[0]['lr'] == resumed.scheduler.get_last_lr()[0]
+    assert rate != trained.scheduler.optimizer.param_groups[0]['lr']

@@ -172,18 +172,44 @@ def test_splits_from_ucf_style_lists(mp4_tree, tmp_path, capsys):
 
 def test_upper_case_extensions(tmp_path, capsys):
     """Phones and cameras write IMG_0001.MP4, clip.MOV: found as .mp4 and .mov are (before:
-    'holds no video' for a tree of them), the loader's order deciding between files of
-    one name (.mp4 before .avi in any case), and read by the training loader."""
+    'holds no video' for a tree of them), and read by the training loader (two files of
+    one name: refused, tests/test_datasets.py)."""
     from datasets.video import VideoClipLoader
     root = tmp_path / 'phones'
-    for name in ('wave/IMG_0001.MP4', 'wave/clip.MOV', 'clap/c.AVI', 'clap/c.Mp4'):
+    for name in ('wave/IMG_0001.MP4', 'wave/clip.MOV', 'clap/d.AVI', 'clap/c.Mp4'):
         write_video(root / name, n_frames=5)
     out = tmp_path / 'a.json'
     folder_json.main([str(root), str(out), '--val_fraction', '0'])
-    assert sorted(read_json(out)['database']) == ['IMG_0001', 'c', 'clip']
-    assert 'clap/c.AVI' in capsys.readouterr().err  # the .Mp4 of that name is taken
+    assert sorted(read_json(out)['database']) == ['IMG_0001', 'c', 'clip', 'd']
     records = load_annotations(out, 'training', root, 'kinetics', file_type='video')[0]
     assert sorted(str(Path(r.path).relative_to(root)) for r in records) == [
-        'clap/c.Mp4', 'wave/IMG_0001.MP4', 'wave/clip.MOV']
+        'clap/c.Mp4', 'clap/d.AVI', 'wave/IMG_0001.MP4', 'wave/clip.MOV']
     loader = VideoClipLoader(threads=1)
     assert all(loader(r.path, [0, 4]).shape[0] == 2 for r in records)
+
+
+def test_labels_from_a_checkpoint(tmp_path, capsys):
+    """--labels_from CHECKPOINT: the checkpoint's class names in its order (a class
+    without a folder kept at its label, warned); a folder it lacks is refused, as is
+    a checkpoint without class names."""
+    import torch
+    root = tmp_path / 'jpg'
+    for label in ('b', 'a'):
+        make_frames(root / label / f'{label}1', 3)
+    torch.save({'epoch': 1, 'class_names': ['b', 'c', 'a']}, tmp_path / 'save_1.pth')
+    out = tmp_path / 'ordered.json'
+    folder_json.main([str(root), str(out), '--val_fraction', '0', '--labels_from', str(tmp_path / 'save_1.pth')])
+    data = read_json(out)
+    assert data['labels'] == ['b', 'c', 'a']
+    assert {k: e['annotations']['label'] for k, e in data['database'].items()} == {'a1': 'a', 'b1': 'b'}
+    assert '1 class(es) have no training video: c' in capsys.readouterr().err
+    records, names = load_annotations(out, 'training', root, 'ucf101', file_type='jpg')
+    assert names == ['b', 'c', 'a'] and sorted(r.label for r in records) == [0, 2]
+
+    make_frames(root / 'd' / 'd1', 3)
+    with pytest.raises(SystemExit, match=r"has 1 class folder\(s\) that .*save_1.pth was not trained on: d: "):
+        folder_json.main([str(root), str(tmp_path / 'x.json'), '--labels_from', str(tmp_path / 'save_1.pth')])
+    torch.save({'epoch': 1}, tmp_path / 'old.pth')
+    with pytest.raises(SystemExit, match='old.pth stores no class names'):
+        folder_json.main([str(root), str(tmp_path / 'x.json'), '--labels_from', str(tmp_path / 'old.pth')])
+    assert not (tmp_path / 'x.json').exists()

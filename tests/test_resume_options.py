@@ -1,9 +1,13 @@
 """What a resumed run does with optimization options other than its
 checkpoint's: another --optimizer or --lr_scheduler is refused in one line;
 a new --learning_rate is ignored (said); a new --plateau_patience,
---warmup_epochs or --min_lr applies from the checkpoint on (said), and one not
-given is the checkpoint's. Options that shape no part of the chosen schedule
+--warmup_epochs, --min_lr or --n_epochs applies from the checkpoint on, its
+first step included (said, and recorded in opts.json), and one not given is
+the checkpoint's (--n_epochs: its default). Options that shape no part of the chosen schedule
 are named at start."""
+import json
+import math
+
 import pytest
 import torch
 
@@ -78,3 +82,52 @@ def test_plateau_patience_on_resume(tiny_synthetic, tmp_path, capsys):
         '--resume_path', str(tmp_path / 'save_1.pth'))
     assert "--plateau_patience 1 replaces the checkpoint's 3 from here on" in capsys.readouterr().out
     assert load_checkpoint(tmp_path / 'save_2.pth')['scheduler']['patience'] == 1
+
+
+def cosine_rate(step, total, warmup, floor, lr=0.01):
+    """The rate of optimizer step `step` (0-based) of a warmup-cosine schedule, by hand."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# 3 steps an epoch; the checkpoint's schedule: 2 epochs, warmup round(0.5 * 3) = 2 steps, floor 0.1.
+COSINE = ('--lr_scheduler', 'cosine', '--warmup_epochs', '0.5', '--min_lr', '0.001')
+
+
+@pytest.fixture(scope='module')
+def cosine_run(tiny_synthetic, tmp_path_factory):
+    result = tmp_path_factory.mktemp('cosine')
+    run(tiny_synthetic, result, '--n_epochs', '2', *COSINE)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('key, value, old, total, warmup, floor', [
+    ('n_epochs', '3', 2, 9, 2, 0.1),
+    ('min_lr', '0.004', 0.001, 6, 2, 0.4),
+    ('warmup_epochs', '2', 0.5, 6, 6, 0.1),
+])
+def test_resumed_schedule_is_the_new_one_from_its_first_step(tiny_synthetic, cosine_run, tmp_path, capsys,
+                                                             key, value, old, total, warmup, floor):
+    """Before: the first step after the checkpoint ran at the checkpoint's rate (the
+    old schedule's), the new schedule only from the second step on."""
+    settings = {'n_epochs': '2', 'min_lr': '0.001', 'warmup_epochs': '0.5', key: value}
+    new = tuple(arg for k, v in settings.items() for arg in (f'--{k}', v))
+    capsys.readouterr()
+    run(tiny_synthetic, tmp_path / 'resumed', '--lr_scheduler', 'cosine', *new,
+        '--resume_path', str(cosine_run / 'save_1.pth'))
+    out = capsys.readouterr().out
+    assert (f"--{key} {value} replaces the checkpoint's {old:g} from here on: the cosine schedule is "
+            f"recomputed, optimizer step 4 runs at lr {cosine_rate(3, total, warmup, floor):g} (the "
+            f"checkpoint's schedule: {cosine_rate(3, 6, 2, 0.1):g})") in out
+    resumed = {int(r['iter']): r['lr'] for r in read_tsv(tmp_path / 'resumed' / 'train_batch.log')}
+    # step 4 (index 3), the first after the checkpoint, on the new schedule
+    assert float(resumed[4]) == pytest.approx(cosine_rate(3, total, warmup, floor), rel=1e-5)
+    assert float(resumed[4]) != pytest.approx(cosine_rate(3, 6, 2, 0.1), rel=1e-3)  # the old one's
+    recorded = json.loads((tmp_path / 'resumed' / 'opts.json').read_text())['run']['schedule_changes']
+    assert recorded == {key: {'checkpoint': old, 'now': type(old)(value)}}
+    run(tiny_synthetic, tmp_path / 'whole', '--lr_scheduler', 'cosine', *new)
+    whole = {int(r['iter']): r['lr'] for r in read_tsv(tmp_path / 'whole' / 'train_batch.log')}
+    assert resumed == {step: lr for step, lr in whole.items() if step > 3}

@@ -1,12 +1,14 @@
 """Build an annotation JSON from a folder tree of your own videos.
 
 python -m util_scripts.folder_json ROOT OUT.json [--val_fraction 0.2] [--test_fraction 0]
-    [--seed 0] [--splits DIR [--split N]] [--file_type jpg|hdf5|video]
+    [--seed 0] [--splits DIR [--split N]] [--file_type jpg|hdf5|video] [--labels_from CHECKPOINT]
 
 ROOT holds one folder per class: ROOT/<class>/<video>.mp4 (any container the
 video loader reads), ROOT/<class>/<video>/image_00001.jpg ... (frames written
 by generate_video_jpgs) or ROOT/<class>/<video>.hdf5. The file is in the
-predecessor's format (docs/data.md, File formats): labels are the class folders, sorted;
+predecessor's format (docs/data.md, File formats): labels are the class folders, sorted
+(--labels_from CHECKPOINT: the checkpoint's class names in its order, so that a
+resumed run keeps each class's label; a folder it lacks is refused);
 frame counts are taken as the other builders take them (jpg: 1-based [1, n+1],
 hdf5 and video files: 0-based [0, n]); videos that cannot be read are listed
 and left out.
@@ -28,8 +30,9 @@ import random
 import sys
 from pathlib import Path
 
-from datasets.formats import FILE_TYPES, VIDEO_EXTENSIONS, video_kind
+from datasets.formats import FILE_TYPES, VIDEO_EXTENSIONS, video_files, video_kind
 from utils.cli import Parser
+from utils.errors import DataError
 
 from .utils import (
     COUNT_SOURCES,
@@ -53,7 +56,10 @@ def scan_tree(root):
                if p.is_file() and not p.name.startswith('.')]
     classes = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith('.')]
     for folder in classes:
-        # the loader's order (.mp4 before .avi ...) decides between same-named files
+        try:
+            video_files(folder)  # two videos of one name: refused, as the loader refuses them
+        except DataError as e:
+            fail(str(e))
         entries = sorted(folder.iterdir(), key=lambda p: (
             extensions.index(p.suffix.lower()) if p.suffix.lower() in extensions else -1,
             p.name))
@@ -90,9 +96,12 @@ def choose_kind(found, root, file_type):
 def measure(root, videos, kind):
     """{(class, name): segment} of the videos that can be used; the others are
     listed on stderr as the other builders list them."""
+    listings = {str(root / label): video_files(root / label)  # one listing per class
+                for label in {label for label, _ in videos}} if kind == 'video' else None
+
     def one(item):
         (label, name), _ = item
-        return (label, name, *video_segment(str(root), label, name, kind))
+        return (label, name, *video_segment(str(root), label, name, kind, listings))
 
     segments, problems, counted = {}, {}, {}
     for label, name, segment, problem, how in parallel_map(one, sorted(videos.items()), -1,
@@ -167,12 +176,13 @@ def list_split(splits_dir, split, keys):
     return kept
 
 
-def build_database(segments, subsets, kind, root):
-    """(sorted labels, database) in the predecessor's format."""
+def build_database(segments, subsets, kind, root, labels=None):
+    """(labels, database) in the predecessor's format; labels: the given ones
+    (--labels_from), or the classes' sorted."""
     counts = {}
     for _, name in subsets:
         counts[name] = counts.get(name, 0) + 1
-    labels = sorted({label for label, _ in subsets})
+    labels = sorted({label for label, _ in subsets}) if labels is None else list(labels)
     database = {}
     for label, name in sorted(subsets):
         entry = {'subset': subsets[(label, name)],
@@ -190,10 +200,36 @@ def _relative_path(root, label, name, kind):
         return f'{label}/{name}'
     if kind == 'hdf5':
         return f'{label}/{name}.hdf5'
-    for ext in VIDEO_EXTENSIONS:
-        if (root / label / f'{name}{ext}').is_file():
-            return f'{label}/{name}{ext}'
+    found = video_files(root / label).get(name)  # in any case: IMG_0001.MP4
+    if found is not None:
+        return f'{label}/{found}'
     raise AssertionError(f'{root / label / name}: measured but not found')
+
+
+def checkpoint_labels(path):
+    """The class names a checkpoint of main.py was trained on, in its order."""
+    require_file(path, '--labels_from checkpoint', 'a save_<epoch>.pth of the run to resume')
+    from utils.checkpoint import load_checkpoint  # imports torch: only for --labels_from
+    from utils.errors import CheckpointError
+    try:
+        checkpoint = load_checkpoint(path)
+    except CheckpointError as e:
+        fail(str(e))
+    names = checkpoint.get('class_names') if isinstance(checkpoint, dict) else None
+    if not names:
+        fail(f'{path} stores no class names (written before they were saved, or not by main.py): '
+             f'--labels_from needs a checkpoint that has them; resume with the annotation it was '
+             f'trained on instead')
+    return list(names)
+
+
+def refuse_unknown_classes(videos, labels, root, checkpoint):
+    unknown = sorted({label for label, _ in videos} - set(labels))
+    if unknown:
+        fail(f'{root} has {len(unknown)} class folder(s) that {checkpoint} was not trained on: '
+             f'{", ".join(unknown[:5])}{", ..." if len(unknown) > 5 else ""}: move them out of ROOT '
+             f'to resume, or build without --labels_from and fine-tune from the checkpoint with '
+             f'--pretrain_path')
 
 
 def warn_classes_without_training(database, labels):
@@ -224,6 +260,10 @@ def parse_args(argv):
     p.add_argument('--file_type', choices=FILE_TYPES, default=None,
                    help='the kind of video to use when the tree holds several '
                         '(default: the one it holds)')
+    p.add_argument('--labels_from', type=Path, default=None, metavar='CHECKPOINT',
+                   help='take the labels and their order from this checkpoint\'s class names '
+                        '(to resume it with a rebuilt annotation); class folders it lacks are '
+                        'refused (default: the class folders, sorted)')
     args = p.parse_args(argv)
     if not (0 <= args.val_fraction < 1 and 0 <= args.test_fraction < 1
             and args.val_fraction + args.test_fraction < 1):
@@ -236,6 +276,10 @@ def main(argv=None):
     root = require_dir(args.root, 'ROOT', 'give the folder that holds one folder per class')
     found, ignored = scan_tree(root)
     kind = choose_kind(found, root, args.file_type)
+    labels = None
+    if args.labels_from is not None:
+        labels = checkpoint_labels(args.labels_from)
+        refuse_unknown_classes(found[kind], labels, root, args.labels_from)
     if ignored:
         shown = ', '.join(ignored[:5]) + (f', ... ({len(ignored) - 5} more)'
                                           if len(ignored) > 5 else '')
@@ -247,7 +291,7 @@ def main(argv=None):
         subsets = list_split(args.splits, args.split, set(segments))
     else:
         subsets = stratified_split(segments, args.val_fraction, args.test_fraction, args.seed)
-    labels, database = build_database(segments, subsets, kind, root)
+    labels, database = build_database(segments, subsets, kind, root, labels)
     warn_classes_without_training(database, labels)
     write_annotation(args.output, labels, database)
     print(f'train with --annotation_path {args.output} --video_path {root} --file_type {kind}'

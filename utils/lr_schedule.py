@@ -63,6 +63,22 @@ class LRSchedule:
             self.scheduler.milestones = Counter(milestones)
         if patience is not None and self.kind == 'plateau':
             self.scheduler.patience = patience
+        if self.kind == 'cosine':
+            # The checkpoint's rate is its own schedule's: this run's (a new
+            # --n_epochs, --min_lr or --warmup_epochs) applies from the next step.
+            self._set_rates_at(self.scheduler.last_epoch)
+
+    def _set_rates_at(self, step):
+        scheduler = self.scheduler
+        rates = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, rate in zip(scheduler.optimizer.param_groups, rates):
+            group['lr'] = rate
+        scheduler._last_lr = rates  # what get_last_lr() reports
+
+    @property
+    def steps_done(self):
+        """The schedule's steps so far: optimizer steps (cosine), epochs (the others)."""
+        return self.scheduler.last_epoch
 
 
 def schedule_kind(state):

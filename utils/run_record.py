@@ -1,6 +1,6 @@
 """What a run derives or finds at run time, kept apart from the options as given."""
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -28,6 +28,9 @@ class RunRecord:
     ft_begin_module: str = ''
     ft_lr_ratio: float = 1.0
     decode_on_device: bool = False  # --decode_device cuda: workers hand over JPEG bytes
+    # What a resumed training changes of its checkpoint's schedule (--n_epochs,
+    # --min_lr, ...): {option: {'checkpoint': its value, 'now': this run's}}.
+    schedule_changes: dict = field(default_factory=dict)
 
     def to_dict(self):
         return {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
