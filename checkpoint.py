@@ -386,13 +386,16 @@ def stored_options(checkpoint, path, defaults):
 
 
 def class_names_of(checkpoint, path, annotation_path=None):
+    """The names of the network's outputs: the checkpoint's, in its order (an
+    annotation listing them in another order must not rename its outputs);
+    `annotation_path`'s for a checkpoint that stores none."""
+    names = checkpoint.get('class_names')
+    if names:
+        return list(names)
     if annotation_path is not None:
         return load_class_names(annotation_path)
-    names = checkpoint.get('class_names')
-    if not names:
-        raise CheckpointError(f'{path} stores no class names (written before they were '
-                              f'saved): pass --annotation_path with the training annotation')
-    return list(names)
+    raise CheckpointError(f'{path} stores no class names (written before they were '
+                          f'saved): pass --annotation_path with the training annotation')
 
 
 def load_trained_model(path, defaults, annotation_path=None, device='cpu', weights='raw'):

@@ -96,7 +96,7 @@ from tqdm import tqdm
 import dataset as data
 from checkpoint import load_trained_model
 from datasets import formats
-from datasets.annotation import VideoRecord, load_class_names, read_annotation, video_labels
+from datasets.annotation import VideoRecord, read_annotation, video_labels
 from datasets.formats import VIDEO_EXTENSIONS, video_kind
 from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
@@ -213,14 +213,8 @@ def load_model(path, annotation_path, device, weights):
         raise OptionError(f'{path} holds the weights it was exported with (export --weights): '
                           f'leave --weights out')
     from utils.exported import OnnxClassifier
-    model = OnnxClassifier(path)
-    class_names = model.class_names
-    if annotation_path is not None:
-        class_names = load_class_names(annotation_path)
-        if len(class_names) != len(model.class_names):
-            raise OptionError(f'{path} has {len(model.class_names)} classes but '
-                              f'{annotation_path} {len(class_names)}: check --annotation_path')
-    return model, model.options, class_names, torch.device('cpu')
+    model = OnnxClassifier(path)  # export writes the class names: they name the outputs
+    return model, model.options, model.class_names, torch.device('cpu')
 
 
 def view_transforms(options, n_clips, stride, crop):

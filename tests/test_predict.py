@@ -492,3 +492,23 @@ def test_a_missing_annotation_file_names_predicts_own_option(trained, tmp_path, 
                          '--annotation_path', str(missing), '--n_threads', '0']) == 2
     err = capsys.readouterr().err.strip()
     assert err == f'error: annotation file {missing} not found: check --annotation_path'
+
+
+def test_an_annotation_in_another_order_does_not_rename_the_outputs(trained, tmp_path, capsys):
+    """The checkpoint's class names name its outputs: an --annotation_path listing them in
+    another order (a class folder renamed, the annotation rebuilt) gave each score the
+    name of another class. Its labels still count as the true ones, by name."""
+    video_path, annotation_path, out, val = trained
+    v, label = val[0]
+    data = json.loads(annotation_path.read_text())
+    data['labels'] = data['labels'][::-1]
+    reversed_path = tmp_path / 'reversed.json'
+    reversed_path.write_text(json.dumps(data))
+    args = [str(out / 'save_1.pth'), str(video_path / label / v), '--topk', '0', '--json',
+            '--n_threads', '0', '--no_progress']
+    assert predict.main(args) == 0
+    expected = _scores(json.loads(capsys.readouterr().out)['results'][v])
+    predict.main([*args, '--annotation_path', str(reversed_path)])
+    captured = capsys.readouterr()
+    assert _scores(json.loads(captured.out)['results'][v]) == expected
+    assert 'accuracy over the 1 classified videos' in captured.err
