@@ -192,8 +192,8 @@ def build_parser():
               'checkpoints, logs and opts.json (without this a fresh run there is refused)')
     _add(g, '--check_frames', default='all', choices=['last', 'all', 'decode'],
          help='Up-front check of the videos: last (stat the last needed frame), all (list each '
-              'video folder once: every needed frame is there) or decode (decode every frame). '
-              'A clean result is cached')
+              'video folder once: every needed frame is there; video files: cut short as a clip '
+              'would find them, nothing decoded) or decode (decode every frame). A clean result is cached')
     _add(g, '--on_bad_video', default='error', choices=['error', 'skip'],
          help='A video that fails to load during training: error (stop with its name) or skip '
               '(replace the sample, report the video once, count them per epoch)')

@@ -4,7 +4,9 @@
 * ``last``: one stat per video, of the last needed frame (the check before
   --check_frames existed).
 * ``all``: one directory listing per jpg video; every frame the annotation
-  names must be in it (hdf5 and video files: as ``last``, see check_videos).
+  names must be in it (hdf5: as ``last``; video files: a file cut short before
+  the frames needed is found as the loader finds it, from the file's own index or
+  one demux pass, nothing decoded).
 * ``decode``: reads and decodes every needed frame (finds zero-byte and
   corrupt files too).
 
@@ -30,7 +32,7 @@ from datasets.annotation import VideoRecord
 from datasets.formats import frame_count, frame_file_name
 from datasets.loader import make_loader
 from datasets.temporal_transforms import clip_span
-from datasets.video import container_frames
+from datasets.video import check_video_frames, container_frames
 from utils.errors import DataError
 
 MODES = ('last', 'all', 'decode')
@@ -103,10 +105,16 @@ def _check_decode(path: str, ranges, loader) -> str | None:
     return None
 
 
+# In the cache key: bump it when a check finds more than it did (2: video files under
+# 'all' are checked for a cut as the loader checks them), so older passes are not trusted.
+CHECK_VERSION = 2
+
+
 def cache_key(items, mode: str, file_type: str, input_type: str) -> str:
     text = '\n'.join(f'{path}\t{ranges[0][0]}\t{ranges[0][1]}' if len(ranges) == 1
                      else f'{path}\t{ranges}' for path, ranges in items)
-    return hashlib.sha256(f'{mode}|{file_type}|{input_type}\n{text}'.encode()).hexdigest()[:32]
+    head = f'{CHECK_VERSION}|{mode}|{file_type}|{input_type}'
+    return hashlib.sha256(f'{head}\n{text}'.encode()).hexdigest()[:32]
 
 
 def check_frames(items, mode: str = 'all', file_type: str = 'jpg', input_type: str = 'rgb',
@@ -169,10 +177,14 @@ def count_short_videos(records, sample_duration: int, t_stride: int = 1) -> int:
     return sum(1 for r in records if r.n_frames < span)
 
 
-def _check_video_file(path: str) -> str | None:
-    """Opens the container.  Its frame count is not compared with the segment:
-    counts differ between tools (an annotation built from ffmpeg-extracted
-    frames may list a frame more) and the loader loop-pads past the real end."""
+def _check_video_file(path: str, needed: int, mode: str) -> str | None:
+    """'last': opens the container.  'all': what the loader finds too
+    (datasets.video.check_video_frames: the file's own index or one demux pass): a
+    file cut short before ``needed`` frames.  The frame count of a whole file is not compared with the segment:
+    counts differ between tools (an annotation built from ffmpeg-extracted frames
+    may list a frame more) and the loader loop-pads past the real end."""
+    if mode == 'all':
+        return check_video_frames(path, needed)
     try:
         container_frames(path)
     except DataError as e:
@@ -181,9 +193,9 @@ def _check_video_file(path: str) -> str | None:
 
 
 def _check_one(item) -> str | None:
-    path, needed, file_type = item
+    path, needed, file_type, mode = item
     if file_type == 'video':
-        return _check_video_file(path)
+        return _check_video_file(path, needed, mode)
     if file_type == 'jpg':
         last = os.path.join(path, frame_file_name(needed - 1))
         try:
@@ -216,7 +228,8 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
     ``mode`` 'last': one look per video (jpg: stat the last needed
     ``image_XXXXX.jpg``; hdf5: open and read the length; video: open the
     container).  'all': jpg folders are listed once each (every needed frame
-    must be there), hdf5 and video files are looked at as by 'last'.
+    must be there), hdf5 files are looked at as by 'last', video files are
+    checked for a cut short as the loader would (no decoding).
     'decode': every needed frame is decoded.  See :mod:`datasets.frame_check`;
     a clean 'all'/'decode' result is cached in ``cache_dir``.  Runs on a
     thread pool so that network file systems are fast too.  ``n_sample``:
@@ -230,7 +243,7 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
             end = r.first_frame + r.n_frames
             if needed.get(r.path, -1) < end:
                 needed[r.path] = end
-        items = [(p, n, file_type) for p, n in needed.items()]
+        items = [(p, n, file_type, mode) for p, n in needed.items()]
     else:
         items = list(needed_ranges(records).items())
     if n_sample is not None and n_sample < len(items):
@@ -240,8 +253,10 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
     else:
         problems = _problems(_check_one, items, n_threads)
     if problems:
-        fix = ('re-extract the frames of these videos (util_scripts generate_video_jpgs / '
-               'generate_video_hdf5) and rebuild the annotation file, or remove their entries; '
+        redo = ('re-download or re-encode these videos' if file_type == 'video' else
+                're-extract the frames of these videos (util_scripts generate_video_jpgs / '
+                'generate_video_hdf5)')
+        fix = (f'{redo} and rebuild the annotation file, or remove their entries; '
                'also check --video_path and --file_type')
         listed = '\n  '.join(problems[:max_listed])
         more = f'\n  ... and {len(problems) - max_listed} more' \

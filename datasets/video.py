@@ -14,6 +14,8 @@ works on the videos.
   gives a :class:`VideoClip`, whose frames FFmpeg's scaler converts to RGB at the
   scale the clip's planned crop needs (1/2, 1/4, 1/8: the JPEG path's rule).
 * :func:`count_frames` -- frame count from the container header or by decoding.
+* :func:`check_video_frames` -- what the loader would find wrong in a video (cut
+  short, no frames), from the file's own index or one demux pass (--check_frames all).
 
 Rotated (phone) videos come out upright: the display matrix is applied.
 """
@@ -29,11 +31,12 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from datasets import container_ends as ends
 from datasets.open_files import OpenFiles
 from datasets.spatial_transforms import DCT_FACTORS
 from utils.errors import DataError
 
-__all__ = ['FrameIndex', 'VideoClip', 'VideoClipLoader', 'container_frames',
+__all__ = ['FrameIndex', 'VideoClip', 'VideoClipLoader', 'check_video_frames', 'container_frames',
            'count_frames', 'iter_frames', 'read_video', 'reduced_size', 'scaled_size',
            'scan_frame_index']
 
@@ -54,6 +57,10 @@ def _open(path: str):
     except FileNotFoundError:
         raise DataError(f'video file {path} not found: check --video_path') from None
     except (av.FFmpegError, OSError, UnicodeDecodeError) as e:
+        if ends.mp4_index_cut(path):
+            raise DataError(f'video file {path} is cut short (a truncated download?): its index '
+                            f'(the moov box, written last) is missing, no frame can be read: '
+                            f'{_REENCODE}') from None
         raise DataError(f'video file {path} cannot be opened ({e}): {_REENCODE}') from None
     if not container.streams.video:
         container.close()
@@ -249,10 +256,11 @@ class FrameIndex:
     timestamps: then frames are counted from the start.  ``key_pos``: the
     positions of the keyframes; ``key_seek``: the timestamp to seek to for each
     (what the demuxer seeks by: FFmpeg's AVI demuxer indexes decoding timestamps,
-    the others presentation timestamps).  ``truncated``: the file ends before its
-    header says (a cut download); its frames are kept only up to the last
-    keyframe that is whole, and the positions past ``n_frames`` are reported as
-    missing instead of loop-padded.  ``expected``: the header's frame count, if any.
+    the others presentation timestamps).  ``truncated``: the file's data ends
+    before its own structure says (a cut download, _looks_cut); its frames are kept
+    only up to the last keyframe that is whole, and the positions past ``n_frames``
+    are reported as missing instead of loop-padded.  ``expected``: the frame count
+    of the file's sample table (MP4/MOV), if any.
     ``key_pts``: the keyframes' own timestamps (sorted, as ``key_pos``)."""
     pts: np.ndarray | None
     key_pos: np.ndarray
@@ -301,90 +309,128 @@ class FrameIndex:
         return bisect.bisect_right(self._keys, position) - 1
 
 
-def _scan_packets(container, stream):
-    """(pts, dts, keyframe flags, shown flags) of the video packets in decode order,
-    the number of empty (dropped frame) AVI chunks, and whether the data broke off (a corrupt or truncated
-    packet, a read error): the packets up to the break."""
+@dataclass
+class _Scan:
+    """The video packets of one demux pass, in decode order, up to a break: their
+    timestamps, keyframe and shown flags; ``empty``: packets without data (not in
+    those lists; a sample table counts them); ``slots``: where the last packet ends in
+    time base units (AVI: chunks, the empty ones of dropped frames included, whose
+    timestamps the packets skip); ``broken``: the data broke off (a corrupt, cut
+    packet or a read error)."""
+    pts: list = field(default_factory=list)
+    dts: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+    shown: list = field(default_factory=list)
+    empty: int = 0
+    slots: int = 0
+    broken: bool = False
+
+
+def _scan_packets(container, stream) -> _Scan:
     av = _av()
-    pts, dts, keys, shown = [], [], [], []
-    empty, broken = 0, False
+    scan = _Scan()
+    pts, dts, keys, shown = scan.pts, scan.dts, scan.keys, scan.shown
+    slots = 0
     try:
         for packet in container.demux(stream):
             if packet.is_corrupt:
-                broken = True
+                scan.broken = True
                 break
-            if packet.size == 0:  # an empty AVI chunk, or the flush packet at the end
-                empty += packet.dts is not None
+            if packet.size == 0:  # an empty sample, or the flush packet at the end
+                scan.empty += packet.dts is not None
                 continue
             pts.append(packet.pts)
             dts.append(packet.dts)
             keys.append(packet.is_keyframe)
             shown.append(not packet.is_discard)
+            if packet.dts is not None:
+                slots = max(slots, packet.dts + max(packet.duration or 0, 1))
     except av.FFmpegError:
-        broken = True
-    return pts, dts, keys, shown, empty, broken
+        scan.broken = True
+    scan.slots = slots
+    return scan
 
 
-def _header_duration(container, stream) -> float | None:
-    """The video's duration in seconds as the file's header states it, None if it
-    states none: the stream's DURATION tag (Matroska/WebM writers store it) or the
-    FLV/ASF header's duration (other formats' durations are estimated from the
-    file's end or bit rate, which says nothing about a cut)."""
-    text = stream.metadata.get('DURATION')
-    if text:
-        try:
-            h, m, s = text.split(':')
-            return int(h) * 3600 + int(m) * 60 + float(s)
-        except ValueError:
-            return None
+def _header_duration(container) -> float | None:
+    """The duration in seconds a FLV or ASF header states, None if it states none
+    (other formats' durations are estimated from the file's end or bit rate, which
+    says nothing about a cut)."""
     if set(container.format.name.split(',')) & {'flv', 'asf'} and container.duration:
         return container.duration / 1e6
     return None
 
 
-def _ogg_unfinished(container) -> bool:
-    """An Ogg file whose last page lacks the end-of-stream flag was cut (its header
-    holds no length to compare with)."""
-    if 'ogg' not in container.format.name.split(','):
-        return False
-    try:
-        with open(container.name, 'rb') as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
-            tail = f.read()
-    except OSError:
-        return False
-    page = tail.rfind(b'OggS')
-    return page >= 0 and len(tail) > page + 5 and not tail[page + 5] & 0x04
-
-
-def _looks_cut(container, stream, n_packets: int, sorted_pts: np.ndarray | None) -> bool:
-    """The header promises more than the file holds: more frames (AVI, MP4 sample
-    tables) or a longer duration (Matroska, FLV, ASF) than the packets found, or an
-    Ogg stream without its last page."""
+def _looks_cut(container, stream, scan: _Scan, sorted_pts: np.ndarray | None) -> bool:
+    """Whether the file's data ends before its own structure says its video does,
+    decided by what is there (a variable frame rate's gaps and a last frame shown long
+    change no count): AVI, fewer chunk slots than the header counts (the empty chunks
+    FFmpeg writes for dropped frames included); MP4/MOV, fewer packets than the sample
+    table lists; Matroska/WebM, a file ending inside a Cluster (container_ends.matroska_cut); ASF, a
+    file shorter than its Data Object; FLV, shorter than its metadata's file size
+    (without one: a shorter duration than the header's); Ogg, no whole last page."""
+    formats = set(container.format.name.split(','))
+    if 'avi' in formats:
+        return stream.frames > 0 and scan.slots < stream.frames
+    if formats & {'matroska', 'webm'}:
+        return ends.matroska_cut(container.name)
     if stream.frames > 0:
-        return n_packets < stream.frames
-    duration = _header_duration(container, stream)
+        return len(scan.pts) + scan.empty < stream.frames
+    if 'ogg' in formats:
+        return ends.ogg_unfinished(container.name)
+    if formats & {'asf', 'flv'}:
+        head, file_size = ends.read_head(container.name)
+        stated = ends.asf_data_end(head) if 'asf' in formats else ends.flv_file_size(head)
+        if stated is not None:
+            return file_size < stated
+    duration = _header_duration(container)
     if duration is None or sorted_pts is None or len(sorted_pts) < 2 or stream.time_base is None:
-        return _ogg_unfinished(container)
+        return False
     tb = float(stream.time_base)
     step = float(np.median(np.diff(sorted_pts))) * tb
     end = float(sorted_pts[-1]) * tb + step - (float(stream.start_time or 0) * tb)
     # audio may outlast the video a little in a FLV/ASF header's duration
-    return end < duration - 1.5 * step - (0.02 * duration if 'DURATION' not in stream.metadata else 0)
+    return end < duration - 1.5 * step - 0.02 * duration
+
+
+def _whole_by_its_index(container, stream) -> bool:
+    """Whether the file's own index shows, without a demux pass, that the scan would
+    find it whole (the common case, at the cost of an open): MP4/MOV, every sample of
+    the table ends within the file; AVI, every idx1 entry does and they reach the
+    header's chunk count; Matroska/WebM, not container_ends.matroska_cut.  False: only the scan tells."""
+    formats = set(container.format.name.split(','))
+    if formats & {'matroska', 'webm'}:
+        return not ends.matroska_cut(container.name)
+    table = bool(formats & set(EXACT_COUNT_FORMATS))
+    if not (table or 'avi' in formats) or stream.frames <= 0:
+        return False
+    entries = stream.index_entries
+    end = slots = 0
+    for entry in entries:
+        end = max(end, entry.pos + entry.size)
+        slots = max(slots, entry.timestamp + 1)
+    try:
+        inside = 0 < end <= os.path.getsize(container.name)
+    except OSError:
+        return False
+    return inside and (len(entries) == stream.frames if table else slots >= stream.frames)
 
 
 def scan_frame_index(container, stream) -> FrameIndex:
     """The FrameIndex of an open video (demuxes every packet; leaves the demuxer at the end)."""
-    pts, dts, keys, shown, empty, broken = _scan_packets(container, stream)
+    scan = _scan_packets(container, stream)
+    pts, dts, keys, shown = scan.pts, scan.dts, scan.keys, scan.shown
     timed = None not in pts and len(set(pts)) == len(pts)
     shown_pts = np.sort(np.asarray(pts, np.int64)[np.asarray(shown, bool)]) if timed else None
-    truncated = broken or _looks_cut(container, stream, len(pts) + empty, shown_pts)
+    truncated = scan.broken or _looks_cut(container, stream, scan, shown_pts)
     if truncated:
         # Whole GOPs only: frames before the last keyframe (in decode order) are all
         # there; of the last GOP some may be missing, and which cannot be told.
         last_key = max((i for i, k in enumerate(keys) if k), default=0)
         pts, dts, keys, shown = pts[:last_key], dts[:last_key], keys[:last_key], shown[:last_key]
-    expected = int(stream.frames) if stream.frames > 0 else None
+    # the frames the header promises: only a sample table counts frames (an AVI header
+    # counts chunks, the empty ones of dropped frames too)
+    exact = set(container.format.name.split(',')) & set(EXACT_COUNT_FORMATS)
+    expected = int(stream.frames) if stream.frames > 0 and exact else None
     if not timed:
         none = np.zeros(0, np.int64)
         return FrameIndex(None, none.astype(np.int32), none, none, sum(shown), truncated, expected)
@@ -510,13 +556,13 @@ def _trusted_frames(video: _OpenVideo, k: int) -> Iterator[tuple[int, object]]:
     landed, packets = _land(video, k)
     if landed is None:
         return
-    start, corrupt, position = landed.pts, set(), video.index.position
+    start, position = landed.pts, video.index.position
     for packet in itertools.chain([landed], packets):
-        if packet.is_corrupt:
-            corrupt.add(packet.pts)
+        if packet.is_corrupt:  # cut off by the file's end: not decoded (its data is partial)
+            continue
         for frame in packet.decode():
             pts = frame.pts
-            if pts is None or pts < start or pts in corrupt or frame.is_corrupt:
+            if pts is None or pts < start or frame.is_corrupt:
                 continue
             p = position(pts)
             if p >= 0:
@@ -575,12 +621,47 @@ def _missing_error(path: str, index: FrameIndex, missing: list[int]) -> DataErro
     shown = ', '.join(map(str, missing[:8])) + (f' and {len(missing) - 8} more'
                                                  if len(missing) > 8 else '')
     if index.truncated:
-        total = f'{index.expected}' if index.expected else 'more'
+        total = f' of {index.expected}' if index.expected else ''
         return DataError(f'video file {path} is cut short (a truncated download?): it holds '
-                         f'{index.n_frames} whole frames of {total}; frames {shown} (0-based) '
+                         f'{index.n_frames} whole frames{total}; frames {shown} (0-based) '
                          f'are missing: {_REENCODE}')
     return DataError(f'video file {path}: frames {shown} (0-based) of {index.n_frames} could '
                      f'not be decoded: {_REENCODE}')
+
+
+def _index_error(path: str, index: FrameIndex, positions) -> DataError | None:
+    """The error reading ``positions`` raises before any decoding (a video without
+    frames; positions past the end of one cut short, which are not loop-padded), None
+    if none."""
+    if index.n_frames == 0:
+        if index.truncated:
+            return _missing_error(path, index, sorted(set(positions)))
+        return DataError(f'video file {path} has no frames: {_REENCODE}')
+    if index.truncated:
+        past = sorted({p for p in positions if p >= index.n_frames})
+        if past:
+            return _missing_error(path, index, past)
+    return None
+
+
+def check_video_frames(path, needed: int) -> str | None:
+    """What the clip loader would find wrong reading frames 0 to ``needed`` - 1 of a
+    video, by the loader's own rule: the file cannot be opened, has no frames, or is
+    cut short before ``needed`` (past the end of a whole file clips are loop-padded:
+    not wrong).  A file whose own index shows it whole costs an open; any other is
+    indexed as the loader indexes it (one demux pass, nothing decoded).  None if
+    nothing is wrong."""
+    path = os.fspath(path)
+    try:
+        with _open(path) as container:
+            stream = container.streams.video[0]
+            if _whole_by_its_index(container, stream):
+                return None  # a whole file: clips past its end are loop-padded
+            index = scan_frame_index(container, stream)
+    except DataError as e:
+        return str(e)
+    error = _index_error(path, index, range(needed))
+    return None if error is None else str(error)
 
 
 def _loop_pad(positions: list[int], n_frames: int) -> list[int]:
@@ -663,15 +744,10 @@ class VideoClipLoader:
         path = os.fspath(video_file)
         video = self._get(path)
         index = video.index
-        if index.n_frames == 0:
-            if index.truncated:
-                raise _missing_error(path, index, sorted(set(int(p) for p in positions)))
-            raise DataError(f'video file {path} has no frames: {_REENCODE}')
         positions = [int(p) for p in positions]
-        if index.truncated:
-            past = sorted({p for p in positions if p >= index.n_frames})
-            if past:
-                raise _missing_error(path, index, past)
+        error = _index_error(path, index, positions)
+        if error is not None:
+            raise error
         return VideoClip(self, path, video, _loop_pad(positions, index.n_frames))
 
     def __call__(self, video_file, positions: Sequence[int]) -> torch.Tensor:

@@ -191,7 +191,7 @@ def load_record_table(annotation_path, subset: str, video_path, dataset: str,
 # keeps it, so that a clip costs open + seek + at most one GOP of decoding whatever
 # the video's length.
 
-FRAMES_VERSION = 1
+FRAMES_VERSION = 2  # 2: cut-short files told by what is there (issue 24): older tables rebuilt
 FLUSH_EVERY = 4096  # new indexes a process keeps before writing them out
 COMPACT_ABOVE = 4  # segment files merged into one when a run starts
 _UNTIMED, _TRUNCATED = 1, 2  # flags

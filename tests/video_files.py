@@ -173,3 +173,95 @@ def write_coded_video(path, codec: str, n_frames: int, options: dict | None = No
 def write_corpus_video(folder, name: str, n_frames: int) -> Path:
     suffix, codec, options, gop, fmt = CORPUS[name]
     return write_coded_video(Path(folder) / f'{name}{suffix}', codec, n_frames, options, gop, fmt)
+
+
+# ----------------------------------------------------------------------------- files muxed as real ones are
+# tests/test_real_files.py: variable frame rates, long last frames, far-off first
+# timestamps, 10-bit, full range, rotation and odd sizes.  The index is drawn as the
+# same 4x4 binary code, the blocks scaled to the frame (any size), with noise added
+# so that frames hold real data (a file cut at 50% of its bytes is cut in its frames,
+# not in its header).
+
+def grid_code_image(i: int, width: int, height: int, noise: int = 40) -> np.ndarray:
+    """(height, width, 3) uint8 frame showing ``i`` as 16 black/white blocks of
+    (height // 4) x (width // 4) (row-major, bit b is block b), plus uniform noise of
+    +-``noise`` levels drawn from seed ``i``; what the blocks leave is mid-grey."""
+    bh, bw = height // 4, width // 4
+    img = np.full((height, width, 3), 128, np.int16)
+    for bit in range(16):
+        r, c = divmod(bit, 4)
+        img[r * bh:(r + 1) * bh, c * bw:(c + 1) * bw] = 255 if (i >> bit) & 1 else 0
+    if noise:
+        img += np.random.default_rng(i).integers(-noise, noise + 1, img.shape, dtype=np.int16)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def read_grid_code(image) -> int:
+    """The index grid_code_image drew into an (H, W, 3) array: each block's mean away
+    from its edges (a quarter of the block) > 128 is a 1."""
+    a = np.asarray(image).astype(np.float32).mean(axis=2)
+    bh, bw = a.shape[0] // 4, a.shape[1] // 4
+    mh, mw = max(1, bh // 4), max(1, bw // 4)
+    value = 0
+    for bit in range(16):
+        r, c = divmod(bit, 4)
+        block = a[r * bh + mh:(r + 1) * bh - mh, c * bw + mw:(c + 1) * bw - mw]
+        value |= int(block.mean() > 128) << bit
+    return value
+
+
+def grid_clip_codes(clip) -> list[int]:
+    """Frame indices read from a uint8 (T, C, H, W) clip of grid_code_image frames."""
+    return [read_grid_code(f.permute(1, 2, 0).numpy()) for f in clip]
+
+
+def write_timed_video(path, codec: str, pts: list[int], time_base, options: dict | None = None,
+                      size: tuple[int, int] = (CODE_SIZE, CODE_SIZE), pix_fmt: str = 'yuv420p',
+                      gop: int | None = None, durations: dict | None = None, rotation: int = 0,
+                      fmt: str | None = None, mux_options: dict | None = None,
+                      bit_rate: int | None = None, color_range: int | None = None) -> Path:
+    """Frame ``i`` (grid_code_image) given timestamp ``pts[i]`` in ``time_base`` (a
+    Fraction) and encoded with ``codec``: gaps between timestamps are a variable frame
+    rate (dropped slots).  ``size``: (width, height) stored; ``rotation``: the display
+    matrix's rotation in degrees (counterclockwise, as phones write it), the frames
+    stored turned so that they are upright once it is applied.  ``durations``: {pts:
+    duration} set on the packets (the muxer writes them: a long last frame).
+    ``gop``: the keyframe interval set on the codec context; ``color_range``: the
+    frames' (2: full, JPEG range)."""
+    import fractions
+
+    import av
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    time_base = fractions.Fraction(time_base)
+    width, height = size
+    turns = round(rotation / 90) % 4
+    upright = (height, width) if turns % 2 else (width, height)
+    with av.open(str(path), 'w', format=fmt, options=mux_options) as container:
+        stream = container.add_stream(codec, rate=1 / time_base, options=dict(options or {}))
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        if gop is not None:
+            stream.codec_context.gop_size = gop
+        if bit_rate is not None:
+            stream.bit_rate = bit_rate
+        if color_range is not None:
+            stream.codec_context.color_range = color_range
+        stream.codec_context.time_base = time_base
+        if rotation:
+            stream.set_display_rotation(rotation)
+
+        def mux(packets):
+            for packet in packets:
+                if durations and packet.pts in durations:
+                    packet.duration = durations[packet.pts]
+                container.mux(packet)
+
+        for i, t in enumerate(pts):
+            image = np.ascontiguousarray(np.rot90(grid_code_image(i, *upright), -turns))
+            frame = av.VideoFrame.from_ndarray(image, format='rgb24')
+            if color_range is not None:
+                frame.color_range = color_range
+            frame.pts, frame.time_base = t, time_base
+            mux(stream.encode(frame))
+        mux(stream.encode())
+    return path
