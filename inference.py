@@ -11,12 +11,13 @@ segments (ActivityNet: one record each) gets one score, the mean over the
 views of all its segments, and "views" counts them all.
 """
 import json
+import time
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
-from utils.distributed import eval_module, gather_objects_to_main
+from utils.distributed import PG_TIMEOUT, eval_module, gather_objects_to_main, waiting_group
 from utils.metrics import evaluate_file, format_report, save_confusion_png
 from utils.precision import autocast_context
 
@@ -41,19 +42,25 @@ def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, 
     model = eval_module(model)
     scores = ViewScores(keep_views=not average)
     video_ids = VideoIds(dataset.records)
-    for indices, *rest in score_views(loader, model, config.amp, config.amp_dtype, feature_module,
-                                      progress=ctx.is_main and config.progress_bar):
-        # By video id: every segment (record) of an ActivityNet video counts
-        # toward the one score (the shard keeps a video's records on one rank).
-        scores.add([video_ids[v] for v in indices], *rest)
-    n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
-    local = {}
-    for v, n_views in scores.counts.items():
-        entries = _view_entries(scores.views[v], class_names, topk, n_crops) if not average \
-            else topk_entries(scores.mean(v), class_names, topk)
-        feature = scores.mean_features(v) if feature_module is not None else None
-        local[v] = (entries, n_views, feature)
-    gathered = gather_objects_to_main(local, ctx)
+    started = time.monotonic()
+    with waiting_group(ctx) as group:
+        for indices, *rest in score_views(loader, model, config.amp, config.amp_dtype, feature_module,
+                                          progress=ctx.is_main and config.progress_bar):
+            # By video id: every segment (record) of an ActivityNet video counts
+            # toward the one score (the shard keeps a video's records on one rank).
+            scores.add([video_ids[v] for v in indices], *rest)
+        n_crops = getattr(dataset.spatial_transform, 'n_crops', 1)
+        local = {}
+        for v, n_views in scores.counts.items():
+            entries = _view_entries(scores.views[v], class_names, topk, n_crops) if not average \
+                else topk_entries(scores.mean(v), class_names, topk)
+            feature = scores.mean_features(v) if feature_module is not None else None
+            local[v] = (entries, n_views, feature)
+        # Not --dist_timeout: the shards hold about equal views, but storage is
+        # uneven; a rank taking over twice this one's time (and over the 30
+        # minutes of start-up) is taken for frozen.
+        gathered = gather_objects_to_main(
+            local, ctx, group, timeout=max(PG_TIMEOUT.total_seconds(), time.monotonic() - started))
     if not ctx.is_main:
         return None
     merged = {k: value for part in gathered for k, value in part.items()}

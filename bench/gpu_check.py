@@ -24,7 +24,6 @@ import argparse
 import importlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from utils.processes import kill_tree
+from utils.processes import end_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_TAG = 'GPU_CHECK_RESULT '
@@ -40,7 +39,7 @@ QUICK_BUDGET_S = 480  # of the ~10 minutes a session gets on a lent GPU machine
 
 
 def registry():
-    """The checks, in the order they run (--quick: the paths issue 19 lists first)."""
+    """The checks, in the order they run (--quick's first: the GPU-only paths no GPU has run yet)."""
     from bench import gpu_checks_distributed as d
     from bench import gpu_checks_single as s
     return {**s.QUICK_CHECKS, **d.QUICK_CHECKS, **s.CHECKS, **d.CHECKS, **s.TEST_SUITE}
@@ -99,18 +98,9 @@ def run_in_child(args, log_path, timeout, cpu):
     with open(log_path, 'w') as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(cpu), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            kill_tree(proc.pid)  # leftovers: loader workers, torchrun's ranks (own sessions)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        # Leftovers (loader workers, torchrun's ranks in sessions of their own)
+        # are killed before the child is reaped.
+        timed_out = not end_tree(proc, timeout)
     lines = Path(log_path).read_text(errors='replace').splitlines()
     results = [json.loads(line[len(RESULT_TAG):]) for line in lines if line.startswith(RESULT_TAG)]
     return (results[-1] if results else None), time.time() - t0, timed_out
@@ -175,7 +165,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--only', nargs='+', help='run these checks only')
     p.add_argument('--quick', action='store_true',
-                   help=f'the GPU-only paths issue 19 lists, within {QUICK_BUDGET_S} s')
+                   help=f'the GPU-only paths no GPU has run yet, within {QUICK_BUDGET_S} s')
     p.add_argument('--rest', action='store_true', help='the checks --quick leaves out')
     p.add_argument('--skip_suite', action='store_true', help='leave out the test suite')
     p.add_argument('--list', action='store_true', help='list the checks and exit')

@@ -8,12 +8,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from utils.processes import end_tree, exited
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / 'main.py')
@@ -85,20 +88,29 @@ class Checker:
 
     def run(self, cmd, timeout, env=None):
         """The finished process (stdout, stderr, returncode, seconds); the command
-        and its duration go to this check's log."""
+        and its duration go to this check's log. Past `timeout` seconds it and
+        every process it started are killed: Failed."""
         t0 = time.time()
-        print('$', ' '.join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=ROOT, env=env or self.env(), capture_output=True,
-                              text=True, timeout=timeout)
-        proc.seconds = time.time() - t0
-        print(f'  exit {proc.returncode} after {proc.seconds:.1f} s; end of its output: '
-              f'{tail(proc, 300)}', flush=True)
-        return proc
+        proc = self.popen(cmd, env)
+        out, err, in_time = finish(proc, timeout)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        done.seconds = time.time() - t0
+        print(f'  exit {done.returncode} after {done.seconds:.1f} s; end of its output: '
+              f'{tail(done, 300)}', flush=True)
+        if not in_time:
+            raise Failed(f'{" ".join(cmd[:3])} ... ran past {timeout:.0f} s, killed: {tail(done)}')
+        return done
 
     def popen(self, cmd, env=None):
+        """cmd in a session of its own, its output to temporary files that
+        finish() reads (pipes would need communicate(), which reaps the
+        process before its leftovers can be killed by its pid)."""
         print('$', ' '.join(cmd), flush=True)
-        return subprocess.Popen(cmd, cwd=ROOT, env=env or self.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        files = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env(), stdout=files[0],
+                                stderr=files[1], start_new_session=True)
+        proc.output_files = files
+        return proc
 
     def trained_checkpoint(self):
         """A checkpoint of 1 epoch, trained once per work folder and shared by the
@@ -112,6 +124,19 @@ class Checker:
 
     def amp_args(self, dtype):
         return ['--amp', '--amp_dtype', dtype]
+
+
+def finish(proc, timeout):
+    """(stdout, stderr, ended in time) of a process of Checker.popen once it
+    exited or `timeout` seconds passed: it and every process it started are
+    killed before it is reaped (utils.processes.end_tree). Called again, the
+    same output, nothing signalled."""
+    in_time = end_tree(proc, timeout)
+    texts = []
+    for f in proc.output_files:
+        f.seek(0)
+        texts.append(f.read().decode(errors='replace'))
+    return texts[0], texts[1], in_time
 
 
 def ok(proc, what):
@@ -256,13 +281,15 @@ class Sampler:
 
 
 def wait_for(condition, proc, what, timeout):
-    """Polls condition() until true; Failed if proc ends or time runs out first."""
+    """Polls condition() until true; Failed if proc (of Checker.popen) ends or
+    time runs out first, and then proc and what it started are killed."""
     deadline = time.time() + timeout
     while not condition():
-        if proc.poll() is not None or time.time() > deadline:
-            out, err = proc.communicate(timeout=60) if proc.poll() is not None else ('', '')
-            raise Failed(f'{what} did not happen (exit {proc.poll()}): '
-                         f'{(out + err).strip()[-400:]}')
+        ended = exited(proc)  # without reaping it
+        if ended or time.time() > deadline:
+            out, err, _ = finish(proc, 0)
+            how = f'exit {proc.returncode}' if ended else f'not within {timeout:.0f} s'
+            raise Failed(f'{what} did not happen ({how}): {(out + err).strip()[-400:]}')
         time.sleep(0.05)
 
 

@@ -1,5 +1,6 @@
 """The GPU self-check's checks on 2 GPUs or more (SKIPped on fewer; on a CPU dry
-run 2 gloo processes stand in). QUICK_CHECKS: the paths issue 19 lists."""
+run 2 gloo processes stand in). QUICK_CHECKS: the paths no GPU has run yet;
+CHECKS: the rest."""
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from bench.gpu_checks_common import (
     Skip,
     batch_rows,
     count_graph_breaks,
+    finish,
     finite_losses,
     gpu_processes,
     last_rate,
@@ -24,7 +26,7 @@ from bench.gpu_checks_common import (
     train_losses,
     wait_for,
 )
-from utils.processes import alive, child_pids, descendants, kill_tree
+from utils.processes import alive, child_pids, descendants, end_tree, exited
 
 # cuDNN and cuBLAS pick TF32 kernels by shape (convolutions use TF32 by default):
 # comparisons of 1 and 2 processes turn it off, with --deterministic.
@@ -93,9 +95,15 @@ def check_spawn_2gpu(c):
     cmd = [sys.executable, MAIN, *c.args(result, '--distributed', '--n_epochs', '2', '--dist_url',
                                           f'tcp://127.0.0.1:{free_port()}', '--world_size', '1')]
     proc = c.popen(cmd, env=env)
-    with Sampler(lambda: (set(descendants(proc.pid)), gpu_processes()), 0.5) as sampler:
-        sampler.active.set()
-        out, err = proc.communicate(timeout=900)
+    try:  # the job's processes, read while its pid is still its own (until finish reaps it)
+        with Sampler(lambda: None if exited(proc) else (set(descendants(proc.pid)), gpu_processes()),
+                     0.5) as sampler:
+            sampler.active.set()
+            out, err, in_time = finish(proc, 900)
+    finally:
+        end_tree(proc, 0)
+    if not in_time:
+        raise Failed(f'the job ran past 900 s: {(out + err).strip()[-400:]}')
     if proc.returncode != 0:
         raise Failed(f'exit {proc.returncode}: {(out + err).strip()[-400:]}')
     n = 1 if c.cpu else 2
@@ -134,8 +142,7 @@ def check_dist_timeout_nccl(c):
         seconds = time.time() - t0
         print(f'the other rank ended {seconds:.1f} s after the freeze', flush=True)
     finally:
-        kill_tree(proc.pid)  # the frozen rank too: SIGKILL reaches a stopped process
-    out, err = proc.communicate(timeout=60)
+        out, err, _ = finish(proc, 0)  # the frozen rank killed too: SIGKILL reaches a stopped process
     lines = [line for line in err.splitlines() if line.startswith('error: rank')]
     if seconds > 3 * FROZEN_TIMEOUT + 30:
         raise Failed(f'the other rank was still running {seconds:.0f} s after the freeze '

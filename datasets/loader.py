@@ -85,13 +85,29 @@ def _size_error(video: str, name: str, first: tuple[int, int], data) -> DataErro
                      f'{got[0]}x{got[1]}, the first frame {first[0]}x{first[1]}: {_REEXTRACT}')
 
 
+def _cmyk_converted(frame, colorspace: str, scale: dict) -> np.ndarray:
+    """A CMYK (or YCCK) JPEG decoded to CMYK and converted as torchvision's
+    decoder does (simplejpeg's own CMYK -> RGB differs by up to 2 levels):
+    R = K - round(K * (255 - C) / 255) in integers (all within uint16), and
+    gray = (19595 R + 38470 G + 7471 B + 32768) >> 16."""
+    cmyk = simplejpeg.decode_jpeg(frame, colorspace='CMYK', **scale).astype(np.uint16)
+    k = cmyk[..., 3:]
+    v = k * (255 - cmyk[..., :3]) + 128
+    rgb = k - (((v >> 8) + v) >> 8)  # never below 0: round(K * x / 255) <= K
+    if colorspace == 'RGB':
+        return rgb.astype(np.uint8)
+    gray = (rgb.astype(np.uint32) * np.array([19595, 38470, 7471], np.uint32)).sum(-1, keepdims=True)
+    return ((gray + 32768) >> 16).astype(np.uint8)
+
+
 def decode_frames(data: Sequence, names: Sequence[str], video: str, colorspace: str = 'RGB',
                   factor: int = 1, size: tuple[int, int] | None = None) -> torch.Tensor:
     """JPEG byte strings -> uint8 (T, H, W, C) at 1/factor of the frames' ``size``
     (read from the first header if None), each frame decoded straight into its
     slot of the clip (libjpeg-turbo's accurate DCT and fancy upsampling, as
-    torchvision's decoder: identical frames).  Corrupt frames and frames of
-    another size raise DataError naming the frame."""
+    torchvision's decoder: identical frames; CMYK frames are converted with
+    torchvision's formulas).  Corrupt frames and frames of another size raise
+    DataError naming the frame."""
     size = size or _header_size(data[0], names[0], video)
     height, width = _scaled(size, factor)
     out = torch.empty((len(data), height, width, _CHANNELS[colorspace]), dtype=torch.uint8)
@@ -100,7 +116,12 @@ def decode_frames(data: Sequence, names: Sequence[str], video: str, colorspace: 
     scale = {} if factor == 1 else dict(min_factor=factor, min_height=height, min_width=width)
     for slot, frame, name in zip(slots, data, names):
         try:
-            got = simplejpeg.decode_jpeg(frame, colorspace=colorspace, buffer=slot, **scale)
+            if simplejpeg.decode_jpeg_header(frame)[2] in ('CMYK', 'YCCK'):  # 3 us a frame
+                got = _cmyk_converted(frame, colorspace, scale)
+                if got.shape == slot.shape:
+                    slot[...] = got
+            else:
+                got = simplejpeg.decode_jpeg(frame, colorspace=colorspace, buffer=slot, **scale)
         except ValueError as e:  # corrupt, or larger than the first frame (buffer too small)
             if 'buffer is too small' in str(e):
                 raise _size_error(video, name, size, frame) from None

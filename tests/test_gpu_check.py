@@ -1,7 +1,7 @@
 """bench/gpu_check.py: a check that exits, crashes or hangs is a FAIL line and
 the run goes on to the summary (before, a SystemExit in a check ended the whole
-self-check with no summary). The full CPU dry run is too slow for the suite:
-python -m bench.gpu_check --cpu_dry_run."""
+self-check with no summary); every check's CPU dry run passes or SKIPs (one
+test per check, a shared work folder: `-k gpu_utilisation` reruns one)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +11,32 @@ import pytest
 from bench import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
+# test_suite's dry run is the suite itself, this test included.
+DRY_RUN_CHECKS = [name for name in gpu_check.all_checks(None) if name != 'test_suite']
+
+
+@pytest.fixture(scope='module')
+def dry_run_work(tmp_path_factory):
+    """One work folder for every check's dry run: the synthetic set and the
+    shared checkpoint are made once."""
+    return tmp_path_factory.mktemp('gpu_check_dry_run')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', DRY_RUN_CHECKS)
+def test_every_check_passes_its_cpu_dry_run(name, dry_run_work):
+    """Before a GPU machine's scarce minutes are spent on it, each check's
+    plumbing runs on CPU: PASS, or SKIP with its reason (GPU memory, a GPU's
+    compute capability), never FAIL."""
+    proc = subprocess.run(
+        [sys.executable, '-m', 'bench.gpu_check', '--cpu_dry_run', '--work', str(dry_run_work),
+         '--only', name], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.split()[:2] in
+             (['PASS', name], ['FAIL', name], ['SKIP', name])]
+    log = dry_run_work / 'logs' / f'{name}.log'
+    detail = proc.stdout[-2000:] + (log.read_text(errors='replace')[-3000:] if log.exists() else '')
+    assert len(lines) == 1 and not lines[0].startswith('FAIL'), detail
+    assert proc.returncode == 0, detail
 
 
 @pytest.mark.slow
@@ -41,3 +67,12 @@ def test_selections_cover_every_check_once():
     assert gpu_check.parse_args(['--quick']).total_budget == gpu_check.QUICK_BUDGET_S
     with pytest.raises(SystemExit):
         gpu_check.select(checks, gpu_check.parse_args(['--only', 'no_such_check']))
+
+
+def test_help_and_list_say_what_checks_prove_not_which_issue_asked(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(['-h'])
+    assert gpu_check.main(['--list']) == 0
+    text = capsys.readouterr().out
+    assert '--quick' in text and 'ema_cost' in text
+    assert 'issue ' not in text.lower(), [line for line in text.splitlines() if 'issue ' in line.lower()]

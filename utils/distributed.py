@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -207,6 +208,13 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
                        device=device, distributed=True, cpu_group=cpu_group)
 
 
+def _set_timeout(timeout, group=None):
+    """dist.set_timeout; older releases (torch 2.6 among them, which requirements.txt
+    admits) have it under its private name only."""
+    setter = getattr(dist, 'set_timeout', None) or dist.distributed_c10d._set_pg_timeout
+    setter(timeout, group)
+
+
 def set_collective_timeout(ctx, seconds):
     """After start-up (which may wait long for other nodes or rank 0's checks),
     a rank that died or froze makes the others' next collective fail after
@@ -216,9 +224,9 @@ def set_collective_timeout(ctx, seconds):
     writes, is set too."""
     if ctx.distributed and seconds and seconds > 0:
         timeout = datetime.timedelta(seconds=seconds)
-        dist.set_timeout(timeout)
+        _set_timeout(timeout)
         if ctx.cpu_group is not None:
-            dist.set_timeout(timeout, group=ctx.cpu_group)
+            _set_timeout(timeout, ctx.cpu_group)
 
 
 def cleanup(ctx):
@@ -241,13 +249,35 @@ def all_reduce_sum(tensor, ctx):
     return tensor
 
 
-def gather_objects_to_main(obj, ctx):
-    """List of every rank's obj on rank 0 (None elsewhere), over the CPU group."""
+def gather_objects_to_main(obj, ctx, group=None, timeout=None):
+    """List of every rank's obj on rank 0 (None elsewhere), over the CPU group
+    (or `group`, whose timeout becomes `timeout` seconds when given)."""
     if not ctx.distributed:
         return [obj]
+    group = group or ctx.cpu_group
+    if timeout is not None:
+        _set_timeout(datetime.timedelta(seconds=timeout), group)
     out = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(obj, out, dst=0, group=ctx.cpu_group)
+    dist.gather_object(obj, out, dst=0, group=group)
     return out
+
+
+@contextmanager
+def waiting_group(ctx):
+    """A gloo group of its own for the collective that ends work the ranks
+    finish far apart (inference over uneven videos and storage), which
+    --dist_timeout must not cut short: its timeout is given at the wait
+    (gather_objects_to_main). Made while the ranks are in step, at the start
+    of that work: a peer that dies meanwhile has its connection closed and
+    the wait fails at once. None when not distributed."""
+    if not ctx.distributed:
+        yield None
+        return
+    group = dist.new_group(backend='gloo', timeout=PG_TIMEOUT)
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group(group)
 
 
 def broadcast_object(obj, ctx):

@@ -1,0 +1,159 @@
+"""Cleaning up after a child process (utils/processes.py and its callers in
+bench/): once a child is reaped (Popen.wait / communicate returned), the
+kernel may give its pid to any new process, so nothing may be signalled by
+that pid any more. These tests make the kernel do so at once: the pid of a
+reaped child goes to a bystander process (through
+/proc/sys/kernel/ns_last_pid, which needs root), which must survive the
+clean-up."""
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from utils import processes
+
+ROOT = Path(__file__).resolve().parents[1]
+NS_LAST_PID = Path('/proc/sys/kernel/ns_last_pid')
+REAL_POPEN = subprocess.Popen
+
+
+def start_at_pid(pid):
+    """A `sleep` process with this pid, or None when another process took it first."""
+    NS_LAST_PID.write_text(str(pid - 1))
+    bystander = REAL_POPEN(['sleep', '60'])
+    if bystander.pid == pid:
+        return bystander
+    bystander.kill()
+    bystander.wait()
+    return None
+
+
+class PidReusedOnReaping(subprocess.Popen):
+    """A child whose pid goes to a bystander process the moment it is reaped."""
+    bystanders = []
+
+    def wait(self, timeout=None):
+        return self._reused_once_reaped(super().wait, timeout)
+
+    def poll(self):
+        return self._reused_once_reaped(super().poll)
+
+    def _reused_once_reaped(self, reap, *args):
+        reaped_before = self.returncode is not None
+        code = reap(*args)
+        if not reaped_before and code is not None:
+            PidReusedOnReaping.bystanders.append(start_at_pid(self.pid))
+        return code
+
+
+@pytest.fixture
+def reused_pids(monkeypatch):
+    """subprocess.Popen replaced by PidReusedOnReaping; yields the bystanders'
+    list (each must still run after the code under test returned)."""
+    try:
+        NS_LAST_PID.write_text(NS_LAST_PID.read_text())
+    except OSError:
+        pytest.skip('/proc/sys/kernel/ns_last_pid is not writable (not root): pids cannot be steered')
+    PidReusedOnReaping.bystanders = []
+    monkeypatch.setattr(subprocess, 'Popen', PidReusedOnReaping)
+    yield PidReusedOnReaping.bystanders
+    for bystander in PidReusedOnReaping.bystanders:
+        if bystander is not None:
+            bystander.kill()
+            bystander.wait()
+
+
+def assert_bystanders_alive(bystanders):
+    if not bystanders or None in bystanders:
+        pytest.skip('another process took the freed pid first (a busy machine): nothing to check')
+    time.sleep(0.2)  # a SIGKILL sent is delivered by now
+    assert [b.poll() for b in bystanders] == [None] * len(bystanders), \
+        'a process that took the pid of a reaped child was killed'
+
+
+@pytest.mark.slow  # a child process that imports torch
+def test_gpu_check_run_in_child_signals_no_reused_pid(reused_pids, tmp_path):
+    from bench import gpu_check
+    result, _, timed_out = gpu_check.run_in_child(['--list'], tmp_path / 'list.log', 120, cpu=True)
+    assert result is None and not timed_out  # --list prints no result line
+    assert 'gpu_utilisation' in (tmp_path / 'list.log').read_text()
+    assert_bystanders_alive(reused_pids)
+
+
+def test_fault_injection_finish_signals_no_reused_pid(reused_pids, tmp_path):
+    from bench import fault_injection
+    proc = subprocess.Popen(['true'], start_new_session=True)
+    assert fault_injection.finish(proc, tmp_path / 'log')
+    assert_bystanders_alive(reused_pids)
+
+
+def quick_exit_checker(work):
+    """A Checker (bench/gpu_checks_common.py) whose main.py exits at once on a
+    bad option: the check's clean-up runs after a child that ended early."""
+    from bench.gpu_checks_common import Checker
+
+    class QuickExit(Checker):
+        def args(self, result, *extra):
+            return ['--no_such_option']
+    return QuickExit(work, cpu=True, check_name='quick')
+
+
+def test_a_checks_clean_up_signals_no_reused_pid(reused_pids, tmp_path):
+    from bench.gpu_checks_common import Failed
+    from bench.gpu_checks_single import check_stop_signal
+    with pytest.raises(Failed, match='did not happen'):
+        check_stop_signal(quick_exit_checker(tmp_path))
+    assert_bystanders_alive(reused_pids)
+
+
+def session_with_grandchild(tmp_path):
+    """A shell in a session of its own that starts a `sleep` in another session
+    (as torchrun starts its workers) and writes its pid."""
+    pid_file = tmp_path / 'grandchild'
+    script = (f'{sys.executable} -c "import os, time; os.setsid(); '
+              f"open('{pid_file}', 'w').write(str(os.getpid())); time.sleep(60)\" & wait")
+    proc = REAL_POPEN(['sh', '-c', script], start_new_session=True)
+    deadline = time.time() + 30
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.time() < deadline, 'the grandchild did not start'
+        time.sleep(0.05)
+    return proc, int(pid_file.read_text())
+
+
+def test_end_tree_kills_a_running_tree_across_sessions_after_the_timeout(tmp_path):
+    proc, grandchild = session_with_grandchild(tmp_path)
+    t0 = time.time()
+    assert processes.end_tree(proc, timeout=0.5) is False  # still running: killed
+    assert 0.5 <= time.time() - t0 < 10
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.time() + 10
+    while processes.alive(grandchild) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not processes.alive(grandchild)
+
+
+def test_end_tree_returns_the_exit_of_a_child_that_ended(tmp_path):
+    proc = REAL_POPEN([sys.executable, '-c', 'import sys; sys.exit(3)'], start_new_session=True)
+    assert processes.end_tree(proc, timeout=60) is True
+    assert proc.returncode == 3
+    assert processes.end_tree(proc, timeout=0) is True  # reaped already: nothing is signalled
+
+
+def test_end_tree_kills_what_stays_in_the_childs_process_group(tmp_path):
+    """The child ends but leaves a process of its group (a loader worker, say):
+    the group is killed before the child is reaped."""
+    pid_file = tmp_path / 'left'
+    proc = REAL_POPEN(['sh', '-c', f'sleep 60 & echo $! > {pid_file}'], start_new_session=True)
+    deadline = time.time() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    left = int(pid_file.read_text())
+    assert processes.end_tree(proc, timeout=60) is True and proc.returncode == 0
+    deadline = time.time() + 10
+    while processes.alive(left) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not processes.alive(left)
