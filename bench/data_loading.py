@@ -1,15 +1,22 @@
 """Which data format to train from: clip loading throughput, disk size, decode limits,
 loader throughput with N workers, and the annotation index at Kinetics scale.
 
-    python -m bench.data_loading [--videos 8] [--n_frames 160] [--clips 60]
-                                 [--quality 95] [--workers 1 2] [--index_entries 650000]
-                                 [--sections formats jpeg layout workers index videos]
+    python -m bench.data_loading [--frames noise photo] [--videos 8] [--n_frames 160]
+                                 [--clips 60] [--quality 95] [--workers 1 2]
+                                 [--index_entries 650000]
+                                 [--sections formats jpeg steps layout workers index videos]
                                  [--clock wall|cpu] [--video_clips 120]
 
-formats: generated UCF-like videos (320x240, textured moving content) written
-  as H.264 .mp4 and MPEG-4 .avi with PyAV, the .mp4 extracted to jpg folders
-  with util_scripts.generate_video_jpgs (--size -1, --quality) and packed into hdf5 with
-  util_scripts.generate_video_hdf5.  One process, one thread; each clip is 16
+frames (--frames; both given: every frame section for each): noise, generated
+  UCF-like videos (320x240, blocks of colour plus per-pixel noise moving; JPEG
+  quality 95, 43 kB a frame), or photo, camera-like ones: a 320x240 window panning
+  and slowly zooming across scikit-image's bundled photographs (a bench-only
+  dependency: pip install -r requirements-dev.txt), JPEG quality 90 with 4:2:0
+  chroma as cameras write (20.5 kB a frame).
+formats: the generated videos written as H.264 .mp4 and MPEG-4 .avi with PyAV,
+  jpg folders (noise: the .mp4 extracted with util_scripts.generate_video_jpgs,
+  --size -1, --quality; photo: the frames encoded with simplejpeg, no second lossy
+  pass) packed into hdf5 with util_scripts.generate_video_hdf5.  One process, one thread; each clip is 16
   random consecutive frames of a random video (video files opened afresh per
   clip, as in training over many videos), random resized crop to 112 + flip
   (training augmentation) -> float (3, 16, 112, 112).  Every row loads the same
@@ -36,8 +43,17 @@ jpeg: the same jpg and hdf5 frames, today's path (torchvision decode_jpeg of the
   against ours (converted at the scale the planned crop needs, FFmpeg's scaler).
   And simplejpeg's decode time per frame at 1/1, 1/2, 1/4, 1/8: what DCT scaling
   can save on these frames.
-layout: the worker's last copy of a uint8 clip (channels-last out of the resize):
-  Tensor.contiguous before, contiguous_clip now.
+steps: ours on the jpg frames (training and evaluation, float and uint8 output)
+  against the sum of its unavoidable steps: read + decode at the scale the plan
+  allows, + the resized crop, + the layout the model needs (the normalizer's or
+  contiguous_clip's pass alone); and against full-size decoding alone and with the
+  same crop (issue 25's targets: training at most 1.15x decode + crop, evaluation
+  at least 1.6x faster than full decode + crop).
+layout: where a clip's time goes after decoding, on decoded clips of the frames:
+  the resized crop on uint8 against float, channels-last against channels-first;
+  the flip and the layout (float (C, T, H, W) normalized, or contiguous uint8) by
+  each candidate, today's and the rejected ones (a fused lookup table, numpy's
+  transposing copy before the float conversion).
 workers: a DataLoader (batch 8) over the training data set with 1, 2 worker
   processes feeding a model that does nothing: whether loading or compute
   bounds training.
@@ -49,8 +65,10 @@ index: a generated Kinetics-700-sized annotation (585k training + 65k
   cached RecordTable, and the memory a forked worker dirties reading every entry.
 """
 import argparse
+import functools
 import gc
 import json
+import math
 import os
 import random
 import tempfile
@@ -65,11 +83,13 @@ from torchvision import tv_tensors
 from torchvision.io import decode_jpeg
 from torchvision.transforms import functional as TF
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF_v2
 
 from bench import video_clips
 from datasets.annotation import load_annotations
 from datasets.loader import Hdf5ClipLoader, JpgClipLoader
 from datasets.spatial_transforms import (
+    FlipToContiguous,
     KeepUint8,
     build_eval_transform,
     build_train_transform,
@@ -98,17 +118,61 @@ def frames_of(v, n_frames, size, rng):
         yield np.clip(np.roll(base, (f, 2 * f), axis=(0, 1)) + noise, 0, 255).astype(np.uint8)
 
 
-def write_video_files(root, n_videos, n_frames, size):
-    import av
-    rng = np.random.default_rng(0)
+@functools.lru_cache(maxsize=1)
+def photographs():
+    """scikit-image's bundled colour photographs (in its wheel, no download), at least
+    400x300 each: room for the 1.25x window of photo_frames."""
+    try:
+        from skimage import data
+    except ImportError:
+        raise SystemExit('--frames photo needs scikit-image (a bench-only dependency): '
+                         'pip install -r requirements-dev.txt') from None
+    return (data.astronaut(), data.coffee(), data.chelsea(), data.rocket(), data.stereo_motorcycle()[0])
+
+
+def photo_frames(v, n_frames, size):
+    """Camera-like frames: a window of the frames' aspect pans across photograph
+    v % 5 while zooming slowly (1.25x the frame size to 1x, or back for odd v),
+    resampled bilinearly to ``size`` (sub-pixel steps: smooth motion).  Deterministic."""
+    h, w = size
+    photo = Image.fromarray(photographs()[v % len(photographs())])
+    width, height = photo.size
+    for f in range(n_frames):
+        t = f / max(1, n_frames - 1)
+        zoom = 1.25 - 0.25 * t if v % 2 == 0 else 1 + 0.25 * t
+        box_w, box_h = w * zoom, h * zoom
+        left = (width - box_w) * (0.5 + 0.5 * math.sin(math.pi * t + v))
+        top = (height - box_h) * (0.5 + 0.5 * math.sin(0.7 * math.pi * t + 2 * v))
+        yield np.asarray(photo.resize((w, h), Image.BILINEAR, box=(left, top, left + box_w, top + box_h)))
+
+
+FRAMES = ('noise', 'photo')
+QUALITY = {'noise': 95, 'photo': 90}  # generate_video_jpgs's default; a camera's, as in issue 25
+FRAME_NAMES = {'noise': 'blocks of colour plus per-pixel noise',
+               'photo': "scikit-image's photographs, panned and zoomed"}
+
+
+def video_frames(frames, n_videos, n_frames, size):
+    """Each video's frames (an iterator per video, in order) of kind ``frames``."""
+    rng = np.random.default_rng(0)  # noise: one stream across the videos, as before
     for v in range(n_videos):
+        yield (frames_of(v, n_frames, size, rng) if frames == 'noise'
+               else photo_frames(v, n_frames, size))
+
+
+def write_video_files(root, n_videos, n_frames, size, frames='noise', on_frame=None):
+    """The videos of FORMATS; ``on_frame(v, f, rgb)`` also sees every frame."""
+    import av
+    for v, images in enumerate(video_frames(frames, n_videos, n_frames, size)):
         containers = {}
         for ext, (codec, options) in FORMATS.items():
             container = av.open(str(root / ext / 'cls' / f'video_{v}.{ext[:3]}'), 'w')
             stream = container.add_stream(codec, rate=25, options=options)
             stream.width, stream.height, stream.pix_fmt = size[1], size[0], 'yuv420p'
             containers[ext] = (container, stream)
-        for img in frames_of(v, n_frames, size, rng):
+        for f, img in enumerate(images):
+            if on_frame:
+                on_frame(v, f, img)
             frame = av.VideoFrame.from_ndarray(img, format='rgb24')
             for container, stream in containers.values():
                 container.mux(stream.encode(frame))
@@ -117,15 +181,29 @@ def write_video_files(root, n_videos, n_frames, size):
             container.close()
 
 
-def prepare(root, n_videos, n_frames, size, quality=95):
-    """mp4/avi written with PyAV; jpg (JPEG ``quality``) and hdf5 made from the mp4 by
-    our tools."""
+def encode_photo_jpeg(img, quality):
+    """A camera's JPEG: 4:2:0 chroma, as FFmpeg's and generate_video_jpgs's encoders write."""
+    import simplejpeg
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=quality, colorsubsampling='420')
+
+
+def prepare(root, n_videos, n_frames, size, quality=95, frames='noise'):
+    """mp4/avi written with PyAV; jpg (JPEG ``quality``) made from the mp4 by our tools
+    (noise frames) or from the frames themselves with simplejpeg (photo frames: no
+    second lossy pass), hdf5 from the jpg folders by our tools."""
     from util_scripts import generate_video_hdf5, generate_video_jpgs
     for ext in FORMATS:
         (root / ext / 'cls').mkdir(parents=True)
-    write_video_files(root, n_videos, n_frames, size)
-    generate_video_jpgs.main([str(root / 'mp4'), str(root / 'jpg'), 'ucf101', '--size', '-1',
-                              '--n_jobs', '2', '--quality', str(quality)])
+    on_frame = None
+    if frames == 'photo':
+        def on_frame(v, f, img):
+            folder = root / 'jpg' / 'cls' / f'video_{v}'
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f'image_{f + 1:05d}.jpg').write_bytes(encode_photo_jpeg(img, quality))
+    write_video_files(root, n_videos, n_frames, size, frames, on_frame)
+    if frames == 'noise':
+        generate_video_jpgs.main([str(root / 'mp4'), str(root / 'jpg'), 'ucf101', '--size', '-1',
+                                  '--n_jobs', '2', '--quality', str(quality)])
     generate_video_hdf5.main([str(root / 'jpg'), str(root / 'hdf5'), 'ucf101', '--n_jobs', '2'])
     paths = {'jpg': [root / 'jpg' / 'cls' / f'video_{v}' for v in range(n_videos)],
              'hdf5': [root / 'hdf5' / 'cls' / f'video_{v}.hdf5' for v in range(n_videos)]}
@@ -431,23 +509,166 @@ def dct_scaling_costs(folder, n_frames: int = 48, rounds: int = 5) -> None:
           ', '.join(f'1/{f} {ms:.3f} ({ms / cost[1]:.0%})' for f, ms in cost.items()))
 
 
-def layout_costs(rounds: int = 50) -> None:
-    """The last copy of a worker's uint8 clip (normalized on the device): the uint8
-    resize leaves a 16x3x112x112 clip in channels-last memory, which the worker
-    makes contiguous: ``Tensor.contiguous`` before, contiguous_clip's numpy copy now
-    (best of the rounds, ms)."""
-    clip = torch.randint(0, 256, (CLIP, 112, 112, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
+def resized_crop(transform, clip, plan, factor, size=112):
+    """The clip's geometric step alone: the plan's box resized (the short side for
+    evaluation, then the center crop: a view)."""
+    out = transform.geometry(clip, plan, factor)
+    return TF_v2.center_crop(out, [size, size])
 
-    def best(fn):
-        times = []
-        for _ in range(rounds):
-            start = clock()
-            fn()
-            times.append(clock() - start)
-        return min(times) * 1e3
-    print(f'\nlast copy of a channels-last {CLIP}x3x112x112 uint8 clip (ms): '
-          f'Tensor.contiguous {best(clip.contiguous):.3f}, contiguous_clip '
-          f'{best(lambda: contiguous_clip(clip)):.3f}')
+
+def step_rows(paths, n_clips, n_frames, rounds=5):
+    """{row: clips/s} on the jpg frames, training and evaluation transforms: ours
+    (normalized to float, or uint8 for the device) against its unavoidable steps:
+    read + decode at the plan's scale ('scaled'), + the resized crop ('scaled_crop'),
+    + the layout the model needs ('scaled_crop_float': the normalizer alone,
+    'scaled_crop_uint8': contiguous_clip alone; no flip, no v2 pipeline), and
+    full-size decoding ('full', the same for both) + the same crop ('full_crop');
+    and ours with the v2 flip, as before issue 25 ('train_before_*')."""
+    mean, std = get_mean_std(1)
+    transforms = {'train': build_train_transform(112, mean=mean, std=std),
+                  'val': build_eval_transform(112, mean=mean, std=std)}
+    layouts = {'float': transforms['val'].finish, 'uint8': contiguous_clip}
+    loader = JpgClipLoader()
+
+    def steps(transform, crop=False, layout=None, full=False):
+        def clip(path, positions):
+            encoded = loader.read(str(path), positions)
+            plan = transform.plan(encoded.frame_size)
+            factor = 1 if full else plan.reduction(encoded.factors)
+            out = encoded.decode(factor)
+            if crop:
+                out = resized_crop(transform, out, plan, factor)
+            return layout(out) if layout else out
+        return clip
+    before = build_train_transform(112, mean=mean, std=std)  # the v2 flip (until issue 25)
+    before.augment_transform.transforms[-1] = v2.RandomHorizontalFlip(0.5)
+    runs = {'full': (steps(transforms['val'], full=True), 'jpg'),
+            'train_before_float': (lambda p, pos: planned_clip(loader, before, p, pos), 'jpg'),
+            'train_before_uint8': (lambda p, pos: planned_clip(
+                loader, before, p, pos, KeepUint8(before.finish)), 'jpg')}
+    for kind, t in transforms.items():
+        runs[f'{kind}_ours_float'] = (lambda p, pos, t=t: planned_clip(loader, t, p, pos), 'jpg')
+        runs[f'{kind}_ours_uint8'] = (lambda p, pos, t=t: planned_clip(
+            loader, t, p, pos, KeepUint8(t.finish)), 'jpg')
+        runs[f'{kind}_scaled'] = (steps(t), 'jpg')
+        runs[f'{kind}_scaled_crop'] = (steps(t, crop=True), 'jpg')
+        for output, layout in layouts.items():
+            runs[f'{kind}_scaled_crop_{output}'] = (steps(t, crop=True, layout=layout), 'jpg')
+        runs[f'{kind}_full_crop'] = (steps(t, crop=True, full=True), 'jpg')
+    return best_of_rounds(runs, paths, n_clips, n_frames, rounds)
+
+
+def print_step_table(rates, frames, quality, frame_kb):
+    """ms a clip, from step_rows's clips/s, and the ratios of issue 25's targets."""
+    ms = {row: 1e3 / rate for row, rate in rates.items()}
+    print(f'\nsteps of a clip, jpg frames ({frames}, JPEG quality {quality}, {frame_kb:.1f} kB a frame), '
+          f'16-frame clips -> 3x16x112x112, one process, one thread (ms a clip). decode: read + '
+          f'decode the 16 frames at the scale the plan allows (training: mostly 1/1; evaluation: '
+          f'1/2); crop: the resized crop alone; layout: the normalizer (float) or contiguous_clip '
+          f'(uint8) alone; full decode: read + decode at 1/1')
+    print('| transform | output | ours | before (v2 flip) | decode | decode + crop '
+          '| decode + crop + layout | ours / (decode + crop) | ours / (decode + crop + layout) '
+          '| full decode + crop | (full decode + crop) / ours | full decode / ours |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+    for kind in ('train', 'val'):
+        for output in OUTPUTS:
+            ours, crop = ms[f'{kind}_ours_{output}'], ms[f'{kind}_scaled_crop']
+            layout, full_crop = ms[f'{kind}_scaled_crop_{output}'], ms[f'{kind}_full_crop']
+            before = f'{ms[f"{kind}_before_{output}"]:.2f}' if kind == 'train' else ''
+            print(f'| {kind} | {output} | {ours:.2f} | {before} | {ms[f"{kind}_scaled"]:.2f} '
+                  f'| {crop:.2f} | {layout:.2f} | {ours / crop:.2f}x | {ours / layout:.2f}x '
+                  f'| {full_crop:.2f} | {full_crop / ours:.2f}x | {ms["full"] / ours:.2f}x |')
+    print(f'| full decode alone | | | | {ms["full"]:.2f} | | | | | | | |')
+
+
+def decoded_clips(frames, quality, n_clips):
+    """``n_clips`` 16-frame clips (the first frames of as many videos of ``frames``),
+    JPEG-encoded (4:2:0, ``quality``) and decoded by the loader's decoder at 1/1 and
+    1/2: [(encoded, full, half)], the frames uint8 (T, C, H, W) in channels-last memory."""
+    from datasets.loader import EncodedClip
+    out = []
+    for v, images in enumerate(video_frames(frames, n_clips, CLIP, (240, 320))):
+        data = [encode_photo_jpeg(img, quality) for img in images]
+        encoded = EncodedClip([data], [[f'frame {i}' for i in range(CLIP)]], f'video {v}')
+        out.append((encoded, encoded.decode(1), encoded.decode(2)))
+    return out
+
+
+def after_decoding_costs(frames, quality, n_clips=8, rounds=30) -> None:
+    """Where a clip's time goes after decoding (ms a clip: each clip's best of
+    ``rounds``, the mean over ``n_clips`` clips of ``frames``, each with its seeded
+    training box): the resized crop on uint8 against float, channels-last against
+    channels-first memory; the flip; the layout the model needs (float (C, T, H, W)
+    normalized, or uint8 (T, C, H, W) contiguous) by each candidate; the decode itself."""
+    mean, std = get_mean_std(1)
+    train, val = build_train_transform(112, mean=mean, std=std), build_eval_transform(112, mean=mean, std=std)
+    clips = decoded_clips(frames, quality, n_clips)
+    normalizer = train.finish
+    table = (torch.arange(256, dtype=torch.float32) * normalizer._gain.view(3, 1)
+             - normalizer._bias.view(3, 1)).numpy()  # the normalizer's float32 ops, per value
+
+    def lookup(clip):  # one pass: uint8 -> its channel's float from a 256-entry table
+        values = clip.numpy()
+        out = np.empty((values.shape[1], values.shape[0], *values.shape[2:]), np.float32)
+        for c in range(values.shape[1]):
+            np.take(table[c], values[:, c], out=out[c])
+        return torch.from_numpy(out)
+    v2_flip, our_flip = v2.RandomHorizontalFlip(1.0), FlipToContiguous(1.0)
+    cases = {}
+    for i, (encoded, full, half) in enumerate(clips):
+        torch.manual_seed(i)
+        plan = train.plan(full.shape[-2:])
+        factor = plan.reduction()
+        box, size = plan.box_at(factor), list(plan.size)
+        decoded = full if factor == 1 else half
+        first = decoded.contiguous()
+        crop = TF_v2.resized_crop(decoded, *box, size, antialias=True)
+        val_plan = val.plan(full.shape[-2:])
+        cases[i] = {
+            ('decode 16 frames', '1/1'): lambda e=encoded: e.decode(1),
+            ('decode 16 frames', '1/2'): lambda e=encoded: e.decode(2),
+            ('resized crop (training box)', 'uint8, channels-last (ours)'):
+                lambda d=decoded, b=box, s=size: TF_v2.resized_crop(d, *b, s, antialias=True),
+            ('resized crop (training box)', 'uint8, channels-first'):
+                lambda d=first, b=box, s=size: TF_v2.resized_crop(d, *b, s, antialias=True),
+            ('resized crop (training box)', 'float, channels-last (conversion included)'):
+                lambda d=decoded, b=box, s=size: TF_v2.resized_crop(d.float(), *b, s, antialias=True),
+            ('resized crop (training box)', 'float, channels-first (conversion included)'):
+                lambda d=first, b=box, s=size: TF_v2.resized_crop(d.float(), *b, s, antialias=True),
+            ('resized crop (evaluation, from 1/2)', 'uint8, channels-last (ours)'):
+                lambda d=half, p=val_plan: resized_crop(val, d, p, 2),
+            ('flip + layout float', 'before: v2.RandomHorizontalFlip, NormalizeToInput'):
+                lambda c=crop: normalizer(v2_flip(tv_tensors.Video(c))),
+            ('flip + layout float', 'ours: FlipToContiguous, NormalizeToInput'):
+                lambda c=crop: normalizer(our_flip(tv_tensors.Video(c))),
+            ('flip + layout uint8', 'before: v2.RandomHorizontalFlip, contiguous_clip'):
+                lambda c=crop: contiguous_clip(v2_flip(tv_tensors.Video(c))),
+            ('flip + layout uint8', 'ours: FlipToContiguous, contiguous_clip'):
+                lambda c=crop: contiguous_clip(our_flip(tv_tensors.Video(c))),
+            ('flip alone', 'Tensor.flip'): lambda c=crop: c.flip(-1),
+            ('layout float (no flip)', "ours: NormalizeToInput (torch's permuting float copy, multiply, "
+                                       "subtract)"): lambda c=crop: normalizer(c),
+            ('layout float (no flip)', 'numpy transposing uint8 copy, then float, multiply, subtract'):
+                lambda c=crop: normalizer(contiguous_clip(c.movedim(-3, -4)).movedim(-4, -3)),
+            ('layout float (no flip)', 'fused: 256-entry lookup table (numpy take)'): lambda c=crop: lookup(c),
+            ('layout uint8 (no flip)', 'Tensor.contiguous'): lambda c=crop: c.contiguous(),
+            ('layout uint8 (no flip)', 'ours: contiguous_clip'): lambda c=crop: contiguous_clip(c),
+        }
+        assert torch.equal(lookup(crop), normalizer(crop))  # the same values
+    best = {key: [float('inf')] * len(clips) for key in cases[0]}
+    for _ in range(rounds):  # the variants interleaved, each clip's fastest round
+        for i in cases:
+            for key, fn in cases[i].items():
+                start = clock()
+                fn()
+                best[key][i] = min(best[key][i], clock() - start)
+    print(f'\nafter decoding, {frames} frames (JPEG quality {quality}), {CLIP}x3x240x320 -> '
+          f'{CLIP}x3x112x112, one thread (ms a clip, mean of {len(clips)} clips, each its best of '
+          f'{rounds} rounds)')
+    print('| step | variant | ms |')
+    print('|---|---|---:|')
+    for (step, variant), times in best.items():
+        print(f'| {step} | {variant} | {sum(times) / len(times) * 1e3:.3f} |')
 
 
 def print_jpeg_table(rates, n_videos, n_frames, quality, frame_kb):
@@ -588,12 +809,17 @@ def main(argv=None):
     p.add_argument('--videos', type=int, default=8)
     p.add_argument('--n_frames', type=int, default=160)
     p.add_argument('--clips', type=int, default=60, help='clips per row (each timed in 5 rounds)')
-    p.add_argument('--quality', type=int, default=95,
-                   help='JPEG quality of the jpg/hdf5 frames (generate_video_jpgs\'s default: 95)')
+    p.add_argument('--frames', nargs='+', choices=FRAMES, default=['noise'],
+                   help='the frames of the generated videos: noise (blocks of colour plus per-pixel '
+                        'noise), photo (scikit-image\'s photographs panned and zoomed: camera-like; '
+                        'pip install -r requirements-dev.txt); both: every section for each')
+    p.add_argument('--quality', type=int, default=None,
+                   help='JPEG quality of the jpg/hdf5 frames (default: 95 for noise, '
+                        'generate_video_jpgs\'s default; 90 for photo)')
     p.add_argument('--workers', type=int, nargs='+', default=[1, 2])
     p.add_argument('--batches', type=int, default=8, help='batches per worker count')
     p.add_argument('--index_entries', type=int, default=650_000)
-    sections = ['formats', 'jpeg', 'layout', 'workers', 'index', 'videos']
+    sections = ['formats', 'jpeg', 'steps', 'layout', 'workers', 'index', 'videos']
     p.add_argument('--sections', nargs='+', default=sections, choices=sections)
     p.add_argument('--video_clips', type=int, default=120,
                    help='clips per video row (bench/video_clips.py)')
@@ -604,36 +830,46 @@ def main(argv=None):
     global clock
     clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        if {'formats', 'jpeg', 'workers'} & set(args.sections):
-            paths = prepare(root, args.videos, args.n_frames, (240, 320), args.quality)
-        if 'formats' in args.sections:
-            rates = format_rows(paths, args.clips, args.n_frames)
-            sizes = {fmt: disk_mb(root / fmt) for fmt in ('jpg', 'hdf5', *FORMATS)}
-            print_format_table(rates, sizes, args.videos, args.n_frames)
-        if 'jpeg' in args.sections:
-            frame_kb = disk_mb(root / 'jpg') * 1e3 / (args.videos * args.n_frames)
-            print_jpeg_table(jpeg_rows(paths, args.clips, args.n_frames), args.videos,
-                             args.n_frames, args.quality, frame_kb)
-            print_video_scale_table(video_scale_rows(paths, args.clips, args.n_frames),
-                                    args.videos, args.n_frames)
-            dct_scaling_costs(paths['jpg'][0], min(48, args.n_frames))
-        if 'layout' in args.sections:
-            layout_costs()
-        if 'workers' in args.sections:
-            rates = worker_rows(root, args.workers, args.batches)
-            print('\nDataLoader (batch 8, random 16-frame clips, crop to 112) feeding a model '
-                  'that does nothing: clips/s')
-            print('| format | ' + ' | '.join(f'{n} worker(s)' for n in args.workers) + ' |')
-            print('|---|' + '---:|' * len(args.workers))
-            for fmt in ('jpg', 'hdf5', 'mp4'):
-                cells = ' | '.join(f'{rates[fmt, n]:.1f}' for n in args.workers)
-                print(f'| {fmt} | {cells} |')
+    for frames in dict.fromkeys(args.frames):
+        quality = args.quality or QUALITY[frames]
+        print(f'\n## frames: {frames} ({FRAME_NAMES[frames]}), JPEG quality {quality}')
+        with tempfile.TemporaryDirectory() as tmp:
+            frame_sections(Path(tmp), args, frames, quality)
+    with tempfile.TemporaryDirectory() as tmp:  # independent of the frames
         if 'index' in args.sections:
-            index_rows(root, args.index_entries)
-        if 'videos' in args.sections:
+            index_rows(Path(tmp), args.index_entries)
+        if 'videos' in args.sections:  # bench/video_clips.py's own (noise) frames
             video_clips.run(n_clips=args.video_clips, clock=clock)
+
+
+def frame_sections(root, args, frames, quality):
+    """The sections that time the generated videos of ``frames``."""
+    if {'formats', 'jpeg', 'steps', 'workers'} & set(args.sections):
+        paths = prepare(root, args.videos, args.n_frames, (240, 320), quality, frames)
+        frame_kb = disk_mb(root / 'jpg') * 1e3 / (args.videos * args.n_frames)
+    if 'formats' in args.sections:
+        rates = format_rows(paths, args.clips, args.n_frames)
+        sizes = {fmt: disk_mb(root / fmt) for fmt in ('jpg', 'hdf5', *FORMATS)}
+        print_format_table(rates, sizes, args.videos, args.n_frames)
+    if 'jpeg' in args.sections:
+        print_jpeg_table(jpeg_rows(paths, args.clips, args.n_frames), args.videos,
+                         args.n_frames, quality, frame_kb)
+        print_video_scale_table(video_scale_rows(paths, args.clips, args.n_frames),
+                                args.videos, args.n_frames)
+        dct_scaling_costs(paths['jpg'][0], min(48, args.n_frames))
+    if 'steps' in args.sections:
+        print_step_table(step_rows(paths, args.clips, args.n_frames), frames, quality, frame_kb)
+    if 'layout' in args.sections:
+        after_decoding_costs(frames, quality)
+    if 'workers' in args.sections:
+        rates = worker_rows(root, args.workers, args.batches)
+        print('\nDataLoader (batch 8, random 16-frame clips, crop to 112) feeding a model '
+              'that does nothing: clips/s')
+        print('| format | ' + ' | '.join(f'{n} worker(s)' for n in args.workers) + ' |')
+        print('|---|' + '---:|' * len(args.workers))
+        for fmt in ('jpg', 'hdf5', 'mp4'):
+            cells = ' | '.join(f'{rates[fmt, n]:.1f}' for n in args.workers)
+            print(f'| {fmt} | {cells} |')
 
 
 if __name__ == '__main__':

@@ -37,7 +37,8 @@ from torchvision.transforms.v2 import functional as F
 __all__ = ['get_mean_std', 'build_train_transform', 'build_eval_transform', 'ClipTransform',
            'NormalizeToInput', 'MultiScaleCornerCrop', 'MEAN_STD', 'ThreeCropTransform',
            'three_crop_boxes', 'EVAL_CROPS', 'ClipPlan', 'ShortSideResize', 'RandomBox',
-           'resized_size', 'DCT_FACTORS', 'contiguous_clip']
+           'resized_size', 'DCT_FACTORS', 'contiguous_clip', 'flipped_contiguous_clip',
+           'FlipToContiguous']
 
 MEAN_STD = {
     'kinetics': ([0.4345, 0.4051, 0.3775], [0.2768, 0.2713, 0.2737]),
@@ -122,6 +123,33 @@ def contiguous_clip(clip: torch.Tensor) -> torch.Tensor:
     out = torch.empty(clip.shape, dtype=clip.dtype)
     np.copyto(out.numpy(), clip.numpy())
     return out
+
+
+def flipped_contiguous_clip(clip: torch.Tensor) -> torch.Tensor:
+    """``clip`` flipped left-right in contiguous memory: for a CPU uint8 clip, the
+    flip and contiguous_clip's copy in one numpy pass (numpy reads the reversed
+    view in place; torch's flip would copy the channels-last clip once more)."""
+    clip = clip.as_subclass(torch.Tensor)
+    if clip.device.type != 'cpu' or clip.dtype != torch.uint8:
+        return clip.flip(-1).contiguous()
+    out = torch.empty(clip.shape, dtype=clip.dtype)
+    np.copyto(out.numpy(), clip.numpy()[..., ::-1])
+    return out
+
+
+class FlipToContiguous(v2.RandomHorizontalFlip):
+    """``v2.RandomHorizontalFlip(p)`` -- the same draw, the same pixels -- whose
+    flipped CPU uint8 clip comes out in contiguous memory, the layout the finish
+    step needs (flipped_contiguous_clip: one copy where the flip and the finish's
+    transposing copy made two; flip + layout of a flipped clip 10-28% cheaper:
+    python -m bench.data_loading --frames photo --sections layout).  Used only as
+    the last augmentation step, so no step after it sees another layout."""
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if not (isinstance(inpt, torch.Tensor) and inpt.device.type == 'cpu' and inpt.dtype == torch.uint8):
+            return super().transform(inpt, params)  # on the device: torch's flip
+        out = flipped_contiguous_clip(inpt)
+        return tv_tensors.wrap(out, like=inpt) if isinstance(inpt, tv_tensors.TVTensor) else out
 
 
 def _query_size(flat_inputs: list[Any]) -> tuple[int, int]:
@@ -352,11 +380,12 @@ def build_train_transform(sample_size: int, train_crop: str = 'random', min_scal
         geometry, steps = ShortSideResize(sample_size), [v2.CenterCrop(sample_size)]
     else:
         raise ValueError(f"--train_crop must be random, corner or center, got {train_crop!r}")
-    if hflip:
-        steps.append(v2.RandomHorizontalFlip(0.5))
+    rest = clip_regularizers(randaugment, random_erasing, mean)
     if colorjitter:
-        steps.append(v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
-    steps += clip_regularizers(randaugment, random_erasing, mean)
+        rest.insert(0, v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
+    if hflip:  # last, with nothing after it: its copy also makes the clip contiguous
+        steps.append(v2.RandomHorizontalFlip(0.5) if rest else FlipToContiguous(0.5))
+    steps += rest
     return ClipTransform(v2.Compose(steps) if steps else None,
                          NormalizeToInput(mean, std, value_scale), deterministic=False,
                          geometry=geometry)

@@ -16,6 +16,7 @@ from datasets.annotation import VideoRecord
 from datasets.loader import EncodedClip, JpgClipLoader
 from datasets.spatial_transforms import (
     ClipPlan,
+    KeepUint8,
     MultiScaleCornerCrop,
     build_eval_transform,
     build_train_transform,
@@ -147,6 +148,28 @@ def test_planned_augmentation_draws_what_todays_pipeline_drew(train_crop, extra)
                                          torch.rand(()).item())[2]  # the stream continues alike
     ev = build_eval_transform(24)
     assert torch.equal(ev.augment(clip), v2.Compose([v2.Resize(24), v2.CenterCrop(24)])(clip))
+
+
+@pytest.mark.parametrize('train_crop', ['random', 'center'])
+def test_clips_from_the_loaders_layout_are_todays_clips(train_crop):
+    """From channels-last frames (as the JPEG loaders decode them), the augmented
+    clip and both finishes (float, and uint8 for the device) are bit for bit what
+    today's pipeline and finish gave, the flipped clips (made contiguous by the
+    flip's own copy) as well as the others."""
+    frames = torch.from_numpy(np.stack(natural_frames(t=3, h=60, w=80))).permute(0, 3, 1, 2)
+    old = todays_train_pipeline(24, train_crop)
+    new = build_train_transform(24, train_crop=train_crop)
+    flipped = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        expected = old(tv_tensors.Video(frames)).as_subclass(torch.Tensor)
+        torch.manual_seed(seed)
+        got = new.augment(frames, new.plan(frames.shape[-2:]), 1)
+        assert torch.equal(got, expected), (train_crop, seed)
+        flipped.add(got.is_contiguous())
+        assert torch.equal(new.finish(got), new.finish(expected))
+        assert torch.equal(KeepUint8(new.finish)(got), expected.contiguous())
+    assert flipped == {True, False}
 
 
 # ----------------------------------------------------------------------------- accuracy

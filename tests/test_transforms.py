@@ -3,9 +3,12 @@ import random
 
 import pytest
 import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
 from datasets.spatial_transforms import (
     MEAN_STD,
+    FlipToContiguous,
     KeepUint8,
     MultiScaleCornerCrop,
     NormalizeToInput,
@@ -13,6 +16,7 @@ from datasets.spatial_transforms import (
     build_eval_transform,
     build_train_transform,
     contiguous_clip,
+    flipped_contiguous_clip,
     get_mean_std,
 )
 from datasets.temporal_transforms import (
@@ -284,3 +288,47 @@ def test_three_crops_are_the_crops_of_the_resized_clip():
     assert crops.is_contiguous() and crops.shape == (3, 4, 3, 16, 16)
     for crop, left in zip(crops, (0, 5, 10)):
         assert torch.equal(crop, resized[..., left:left + 16])
+
+
+@pytest.mark.parametrize('view', ['channels_last', 'crop', 'contiguous'])
+def test_flip_to_contiguous_is_v2_flip_in_contiguous_memory(view):
+    clip = _channels_last(h=20, w=28)
+    clip = {'channels_last': clip, 'crop': clip[..., 2:18, 3:25], 'contiguous': clip.contiguous()}[view]
+    for inpt in (clip, tv_tensors.Video(clip)):
+        out = FlipToContiguous(1.0)(inpt)
+        assert type(out) is type(inpt) and out.is_contiguous()
+        assert torch.equal(out, clip.flip(-1)) and torch.equal(out, v2.RandomHorizontalFlip(1.0)(inpt))
+        assert FlipToContiguous(0.0)(inpt) is inpt
+        assert torch.equal(flipped_contiguous_clip(inpt), clip.flip(-1))
+    floats = clip.float()  # not uint8: torch's own flip
+    assert torch.equal(FlipToContiguous(1.0)(floats), floats.flip(-1))
+
+
+def test_flip_to_contiguous_draws_what_v2_flip_draws():
+    clip = tv_tensors.Video(_channels_last())
+    flips = []
+    for transform in (v2.RandomHorizontalFlip(0.5), FlipToContiguous(0.5)):
+        torch.manual_seed(0)
+        flips.append([(torch.equal(transform(clip), clip.flip(-1)), torch.rand(()).item()) for _ in range(12)])
+    assert flips[0] == flips[1] and {f for f, _ in flips[0]} == {True, False}
+
+
+def test_training_flip_leaves_the_layout_the_finish_needs():
+    """The default training transform's flip (its last step) makes the clip
+    contiguous in the same copy; with steps after it, the v2 flip (their input
+    layout as before)."""
+    clip = _channels_last(h=40, w=48)
+    plain, jitter = build_train_transform(24), build_train_transform(24, colorjitter=True)
+    assert isinstance(plain.augment_transform.transforms[-1], FlipToContiguous)
+    assert type(jitter.augment_transform.transforms[0]) is v2.RandomHorizontalFlip
+    layouts = set()
+    for seed in range(10):
+        torch.manual_seed(seed)
+        out = plain.augment(clip)
+        flipped = out.is_contiguous()
+        layouts.add(flipped)
+        if not flipped:  # the resize's channels-last memory, not copied
+            assert out.is_contiguous(memory_format=torch.channels_last)
+        kept = KeepUint8(plain.finish)(out)
+        assert torch.equal(kept, out) and (kept.data_ptr() == out.data_ptr()) == flipped
+    assert layouts == {True, False}
