@@ -594,6 +594,69 @@ def decoded_clips(frames, quality, n_clips):
     return out
 
 
+def _lookup_normalizer(normalizer):
+    """The normalizer as one pass: uint8 -> its channel's float from a 256-entry table
+    of the normalizer's own float32 ops per value."""
+    table = (torch.arange(256, dtype=torch.float32) * normalizer._gain.view(3, 1)
+             - normalizer._bias.view(3, 1)).numpy()
+
+    def lookup(clip):
+        values = clip.numpy()
+        out = np.empty((values.shape[1], values.shape[0], *values.shape[2:]), np.float32)
+        for c in range(values.shape[1]):
+            np.take(table[c], values[:, c], out=out[c])
+        return torch.from_numpy(out)
+    return lookup
+
+
+def _after_decoding_variants(i, clip, train, val) -> dict:
+    """{(step, variant): what to time} for clip i of decoded_clips, with its seeded training box."""
+    encoded, full, half = clip
+    normalizer = train.finish
+    lookup = _lookup_normalizer(normalizer)
+    v2_flip, our_flip = v2.RandomHorizontalFlip(1.0), FlipToContiguous(1.0)
+    torch.manual_seed(i)
+    plan = train.plan(full.shape[-2:])
+    factor = plan.reduction()
+    box, size = plan.box_at(factor), list(plan.size)
+    decoded = full if factor == 1 else half
+    first = decoded.contiguous()
+    crop = TF_v2.resized_crop(decoded, *box, size, antialias=True)
+    val_plan = val.plan(full.shape[-2:])
+    variants = {
+        ('decode 16 frames', '1/1'): lambda e=encoded: e.decode(1),
+        ('decode 16 frames', '1/2'): lambda e=encoded: e.decode(2),
+        ('resized crop (training box)', 'uint8, channels-last (ours)'):
+            lambda d=decoded, b=box, s=size: TF_v2.resized_crop(d, *b, s, antialias=True),
+        ('resized crop (training box)', 'uint8, channels-first'):
+            lambda d=first, b=box, s=size: TF_v2.resized_crop(d, *b, s, antialias=True),
+        ('resized crop (training box)', 'float, channels-last (conversion included)'):
+            lambda d=decoded, b=box, s=size: TF_v2.resized_crop(d.float(), *b, s, antialias=True),
+        ('resized crop (training box)', 'float, channels-first (conversion included)'):
+            lambda d=first, b=box, s=size: TF_v2.resized_crop(d.float(), *b, s, antialias=True),
+        ('resized crop (evaluation, from 1/2)', 'uint8, channels-last (ours)'):
+            lambda d=half, p=val_plan: resized_crop(val, d, p, 2),
+        ('flip + layout float', 'before: v2.RandomHorizontalFlip, NormalizeToInput'):
+            lambda c=crop: normalizer(v2_flip(tv_tensors.Video(c))),
+        ('flip + layout float', 'ours: FlipToContiguous, NormalizeToInput'):
+            lambda c=crop: normalizer(our_flip(tv_tensors.Video(c))),
+        ('flip + layout uint8', 'before: v2.RandomHorizontalFlip, contiguous_clip'):
+            lambda c=crop: contiguous_clip(v2_flip(tv_tensors.Video(c))),
+        ('flip + layout uint8', 'ours: FlipToContiguous, contiguous_clip'):
+            lambda c=crop: contiguous_clip(our_flip(tv_tensors.Video(c))),
+        ('flip alone', 'Tensor.flip'): lambda c=crop: c.flip(-1),
+        ('layout float (no flip)', "ours: NormalizeToInput (torch's permuting float copy, multiply, "
+                                   "subtract)"): lambda c=crop: normalizer(c),
+        ('layout float (no flip)', 'numpy transposing uint8 copy, then float, multiply, subtract'):
+            lambda c=crop: normalizer(contiguous_clip(c.movedim(-3, -4)).movedim(-4, -3)),
+        ('layout float (no flip)', 'fused: 256-entry lookup table (numpy take)'): lambda c=crop: lookup(c),
+        ('layout uint8 (no flip)', 'Tensor.contiguous'): lambda c=crop: c.contiguous(),
+        ('layout uint8 (no flip)', 'ours: contiguous_clip'): lambda c=crop: contiguous_clip(c),
+    }
+    assert torch.equal(lookup(crop), normalizer(crop))  # the same values
+    return variants
+
+
 def after_decoding_costs(frames, quality, n_clips=8, rounds=30) -> None:
     """Where a clip's time goes after decoding (ms a clip: each clip's best of
     ``rounds``, the mean over ``n_clips`` clips of ``frames``, each with its seeded
@@ -603,58 +666,7 @@ def after_decoding_costs(frames, quality, n_clips=8, rounds=30) -> None:
     mean, std = get_mean_std(1)
     train, val = build_train_transform(112, mean=mean, std=std), build_eval_transform(112, mean=mean, std=std)
     clips = decoded_clips(frames, quality, n_clips)
-    normalizer = train.finish
-    table = (torch.arange(256, dtype=torch.float32) * normalizer._gain.view(3, 1)
-             - normalizer._bias.view(3, 1)).numpy()  # the normalizer's float32 ops, per value
-
-    def lookup(clip):  # one pass: uint8 -> its channel's float from a 256-entry table
-        values = clip.numpy()
-        out = np.empty((values.shape[1], values.shape[0], *values.shape[2:]), np.float32)
-        for c in range(values.shape[1]):
-            np.take(table[c], values[:, c], out=out[c])
-        return torch.from_numpy(out)
-    v2_flip, our_flip = v2.RandomHorizontalFlip(1.0), FlipToContiguous(1.0)
-    cases = {}
-    for i, (encoded, full, half) in enumerate(clips):
-        torch.manual_seed(i)
-        plan = train.plan(full.shape[-2:])
-        factor = plan.reduction()
-        box, size = plan.box_at(factor), list(plan.size)
-        decoded = full if factor == 1 else half
-        first = decoded.contiguous()
-        crop = TF_v2.resized_crop(decoded, *box, size, antialias=True)
-        val_plan = val.plan(full.shape[-2:])
-        cases[i] = {
-            ('decode 16 frames', '1/1'): lambda e=encoded: e.decode(1),
-            ('decode 16 frames', '1/2'): lambda e=encoded: e.decode(2),
-            ('resized crop (training box)', 'uint8, channels-last (ours)'):
-                lambda d=decoded, b=box, s=size: TF_v2.resized_crop(d, *b, s, antialias=True),
-            ('resized crop (training box)', 'uint8, channels-first'):
-                lambda d=first, b=box, s=size: TF_v2.resized_crop(d, *b, s, antialias=True),
-            ('resized crop (training box)', 'float, channels-last (conversion included)'):
-                lambda d=decoded, b=box, s=size: TF_v2.resized_crop(d.float(), *b, s, antialias=True),
-            ('resized crop (training box)', 'float, channels-first (conversion included)'):
-                lambda d=first, b=box, s=size: TF_v2.resized_crop(d.float(), *b, s, antialias=True),
-            ('resized crop (evaluation, from 1/2)', 'uint8, channels-last (ours)'):
-                lambda d=half, p=val_plan: resized_crop(val, d, p, 2),
-            ('flip + layout float', 'before: v2.RandomHorizontalFlip, NormalizeToInput'):
-                lambda c=crop: normalizer(v2_flip(tv_tensors.Video(c))),
-            ('flip + layout float', 'ours: FlipToContiguous, NormalizeToInput'):
-                lambda c=crop: normalizer(our_flip(tv_tensors.Video(c))),
-            ('flip + layout uint8', 'before: v2.RandomHorizontalFlip, contiguous_clip'):
-                lambda c=crop: contiguous_clip(v2_flip(tv_tensors.Video(c))),
-            ('flip + layout uint8', 'ours: FlipToContiguous, contiguous_clip'):
-                lambda c=crop: contiguous_clip(our_flip(tv_tensors.Video(c))),
-            ('flip alone', 'Tensor.flip'): lambda c=crop: c.flip(-1),
-            ('layout float (no flip)', "ours: NormalizeToInput (torch's permuting float copy, multiply, "
-                                       "subtract)"): lambda c=crop: normalizer(c),
-            ('layout float (no flip)', 'numpy transposing uint8 copy, then float, multiply, subtract'):
-                lambda c=crop: normalizer(contiguous_clip(c.movedim(-3, -4)).movedim(-4, -3)),
-            ('layout float (no flip)', 'fused: 256-entry lookup table (numpy take)'): lambda c=crop: lookup(c),
-            ('layout uint8 (no flip)', 'Tensor.contiguous'): lambda c=crop: c.contiguous(),
-            ('layout uint8 (no flip)', 'ours: contiguous_clip'): lambda c=crop: contiguous_clip(c),
-        }
-        assert torch.equal(lookup(crop), normalizer(crop))  # the same values
+    cases = {i: _after_decoding_variants(i, clip, train, val) for i, clip in enumerate(clips)}
     best = {key: [float('inf')] * len(clips) for key in cases[0]}
     for _ in range(rounds):  # the variants interleaved, each clip's fastest round
         for i in cases:
