@@ -1,7 +1,9 @@
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 
 
 def pytest_configure(config):
@@ -44,3 +46,75 @@ def tiny_args(video_path, annotation_path, result_path, *extra):
             '--batch_size', '8', '--n_threads', '1', '--learning_rate', '0.01',
             '--n_val_samples', '2', '--no_hflip', '--mean_dataset', '0.5', '--no_progress',
             '--log_interval', '2', *extra]
+
+
+@pytest.fixture(scope='module')
+def one_torch_thread():
+    """One intra-op thread for a module's runs in this process: on these tiny
+    tensors it is as fast as more, and 2-3 times faster while other processes
+    load the CPU (OpenMP threads then wait on each other); restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def inductor_in_process():
+    """Inductor compiles its kernels in this process: on a small CPU its pool of
+    compile workers costs more to start than it saves."""
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(compile_threads=1):
+        yield
+
+
+@pytest.fixture(scope='session')
+def rank_pool():
+    """Two gloo processes kept for the whole session (tests.dist_helpers.RankPool):
+    a two-rank test then costs its own work, not the seconds two processes take
+    to start and import torch and the project."""
+    from tests.dist_helpers import RankPool
+    pool = RankPool(2)
+    yield pool
+    pool.close()
+
+
+def skip_curves(monkeypatch):
+    """Runs in this process skip drawing curves.png (a matplotlib process after
+    each epoch, 1-2 s of CPU): for tests that do not look at it (test_main.py's
+    do)."""
+    from utils import logs
+    monkeypatch.setattr(logs, 'drawing_command', lambda result_path: [sys.executable, '-c', ''])
+
+
+@pytest.fixture
+def no_curves(monkeypatch):
+    skip_curves(monkeypatch)
+
+
+class OneStageResNet(nn.Module):
+    """ResNet's pieces at 4 and 8 channels: the stem (conv, BN, ReLU, max-pool),
+    one residual stage `layer1` whose block strides and widens through its
+    shortcut (type A: strided slicing and zero padding), average pooling and
+    `fc`. Inductor's compile time grows with the kernels a graph needs (minutes
+    for resnet-10 on a small CPU): the torch.compile tests of test_models.py
+    and test_recipe.py train this on 2x3x4x16x16 clips, one graph that
+    inductor's cache compiles once a session."""
+
+    def __init__(self, n_classes=5, shortcut_type='A'):
+        super().__init__()
+        from models import resnet
+        self.conv1 = nn.Conv3d(3, 4, kernel_size=(3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3),
+                               bias=False)
+        self.bn1 = nn.BatchNorm3d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool3d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = resnet.make_layer(resnet.BasicBlock, 4, 8, 1, stride=2,
+                                        shortcut_type=shortcut_type)
+        self.avgpool = nn.AdaptiveAvgPool3d(1)
+        self.fc = nn.Linear(8, n_classes)
+        resnet.init_weights(self)
+
+    def forward(self, x):
+        x = self.layer1(self.maxpool(self.relu(self.bn1(self.conv1(x)))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))

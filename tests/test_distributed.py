@@ -11,7 +11,7 @@ import torch.nn as nn
 from datasets.samplers import ShardSampler
 from model import make_parallel
 from models import resnet
-from tests.dist_helpers import run_ranks
+from tests.dist_helpers import main_worker
 from training import LoopConfig, OptimizerConfig, Trainer, make_optimizer, train_epoch
 from utils import distributed as du
 from utils.device_batches import DeviceLoader, ToDevice
@@ -21,6 +21,7 @@ from validation import val_epoch
 
 SINGLE = DistContext()
 N_CLASSES = 4
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 
 SGD_CONFIG = OptimizerConfig('sgd', 0.01, momentum=0.9, weight_decay=1e-3)
@@ -84,9 +85,9 @@ def max_diff(a, b):
 
 
 @pytest.mark.slow
-def test_ddp_sync_batchnorm_equals_one_process_with_global_batch(tmp_path):
+def test_ddp_sync_batchnorm_equals_one_process_with_global_batch(tmp_path, rank_pool):
     reference = train(tiny_resnet, SINGLE, sync_bn=False, accumulation_steps=1, per_rank_micro=8)
-    run_ranks(_train_worker, 2, 'resnet', True, 1, 4, tmp_path / 'p.pth')
+    rank_pool.run(_train_worker, 'resnet', True, 1, 4, tmp_path / 'p.pth')
     two = torch.load(tmp_path / 'p.pth', weights_only=True)
     err = max_diff(reference, two)
     print(f'max |w_1proc - w_2proc| with synchronised BN: {err:.3g}')
@@ -94,8 +95,8 @@ def test_ddp_sync_batchnorm_equals_one_process_with_global_batch(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_without_sync_bn_differs_only_by_bn_statistics(tmp_path):
-    run_ranks(_train_worker, 2, 'resnet', False, 1, 4, tmp_path / 'p.pth')
+def test_ddp_without_sync_bn_differs_only_by_bn_statistics(tmp_path, rank_pool):
+    rank_pool.run(_train_worker, 'resnet', False, 1, 4, tmp_path / 'p.pth')
     two = torch.load(tmp_path / 'p.pth', weights_only=True)
     reference = train(tiny_resnet, SINGLE, sync_bn=False, accumulation_steps=1, per_rank_micro=8)
     assert max_diff(reference, two) > 1e-4  # per-rank BN statistics change the result
@@ -114,10 +115,10 @@ def test_ddp_without_sync_bn_differs_only_by_bn_statistics(tmp_path):
 
 
 @pytest.mark.slow
-def test_gradient_accumulation_equals_global_batch(tmp_path):
+def test_gradient_accumulation_equals_global_batch(tmp_path, rank_pool):
     reference = train(conv_net, SINGLE, sync_bn=False, accumulation_steps=1, per_rank_micro=8)
     # 2 ranks x 2 micro-batches of 2 clips, all-reduced once per step (no_sync).
-    run_ranks(_train_worker, 2, 'conv', False, 2, 2, tmp_path / 'p.pth')
+    rank_pool.run(_train_worker, 'conv', False, 2, 2, tmp_path / 'p.pth')
     two = torch.load(tmp_path / 'p.pth', weights_only=True)
     assert max_diff(reference, two) < 1e-5
     # Also in one process.
@@ -145,9 +146,9 @@ def _sync_bn_worker(ctx, x, out_path):
 @pytest.mark.parametrize('scale,offset,atol', [(3.0, 1.0, 1e-5), (0.05, 100.0, 2e-3)],
                          ids=['centred', 'large_mean'])
 @pytest.mark.slow
-def test_cpu_sync_batchnorm_matches_batchnorm_on_concatenated_batch(tmp_path, scale, offset, atol):
+def test_cpu_sync_batchnorm_matches_batchnorm_on_concatenated_batch(tmp_path, scale, offset, atol, rank_pool):
     x = torch.randn(4, 3, 2, 3, 3, generator=torch.Generator().manual_seed(0)) * scale + offset
-    run_ranks(_sync_bn_worker, 2, x, tmp_path)
+    rank_pool.run(_sync_bn_worker, x, tmp_path)
     parts = [torch.load(tmp_path / f'r{r}.pth', weights_only=True) for r in range(2)]
     bn = nn.BatchNorm3d(3)
     with torch.no_grad():
@@ -200,9 +201,9 @@ def validate(ctx, out_path=None, n_videos=7):
 
 
 @pytest.mark.slow
-def test_validation_on_two_ranks_equals_one_process_with_odd_video_count(tmp_path):
+def test_validation_on_two_ranks_equals_one_process_with_odd_video_count(tmp_path, rank_pool):
     one = validate(SINGLE)
-    run_ranks(validate, 2, tmp_path / 'v.pth')
+    rank_pool.run(validate, tmp_path / 'v.pth')
     two = torch.load(tmp_path / 'v.pth', weights_only=True)
     assert one['n_videos'] == two['n_videos'] == 7  # no padded duplicates
     for key in ('loss', 'acc', 'clip_acc'):
@@ -210,11 +211,11 @@ def test_validation_on_two_ranks_equals_one_process_with_odd_video_count(tmp_pat
 
 
 @pytest.mark.slow
-def test_validation_with_uneven_batch_counts_over_ranks(tmp_path):
+def test_validation_with_uneven_batch_counts_over_ranks(tmp_path, rank_pool):
     """5 videos in batches of 2: rank 0 runs 2 batches, rank 1 one; evaluation
     must not wait on a collective the other rank never enters."""
     one = validate(SINGLE, n_videos=5)
-    run_ranks(validate, 2, tmp_path / 'v.pth', 5)
+    rank_pool.run(validate, tmp_path / 'v.pth', 5)
     two = torch.load(tmp_path / 'v.pth', weights_only=True)
     assert two['n_videos'] == 5
     assert two['loss'] == pytest.approx(one['loss'], abs=1e-6)
@@ -251,8 +252,8 @@ def _train_then_validate(ctx, out_path):
 
 
 @pytest.mark.slow
-def test_validation_without_sync_bn_uses_rank_0s_buffers(tmp_path):
-    run_ranks(_train_then_validate, 2, tmp_path)
+def test_validation_without_sync_bn_uses_rank_0s_buffers(tmp_path, rank_pool):
+    rank_pool.run(_train_then_validate, tmp_path)
     two = torch.load(tmp_path / 'stats.pth', weights_only=True)
     state = torch.load(tmp_path / 'state.pth', weights_only=True)
     one = {}
@@ -269,15 +270,9 @@ def test_validation_without_sync_bn_uses_rank_0s_buffers(tmp_path):
     assert two['ema_acc'] == pytest.approx(one['ema']['acc'], abs=1e-6)
 
 
-def _main_run(ctx, argv):
-    import main
-    from opts import parse_opts
-    main.run(parse_opts(argv), ctx)
-
-
 @pytest.mark.slow
-def test_inference_after_training_without_sync_bn_scores_the_saved_model(tiny_synthetic,
-                                                                          tmp_path):
+def test_inference_after_training_without_sync_bn_scores_the_saved_model(tiny_synthetic, tmp_path,
+                                                                          rank_pool, no_curves):
     """No validation between the last training step and inference: the ranks'
     BatchNorm statistics still differ there unless rank 0's are broadcast. (A
     small learning rate keeps the softmax away from 1.0, where it hides them.)"""
@@ -286,9 +281,9 @@ def test_inference_after_training_without_sync_bn_scores_the_saved_model(tiny_sy
     import main
     from tests.conftest import tiny_args
     views = ('--inference', '--inference_n_clips', '2', '--output_topk', '0')
-    run_ranks(_main_run, 2, tiny_args(*tiny_synthetic, tmp_path / 'two', '--distributed',
-                                      '--n_epochs', '1', '--no_val', '--n_threads', '0',
-                                      '--batch_size', '4', '--learning_rate', '1e-4', *views))
+    rank_pool.run(main_worker, tiny_args(*tiny_synthetic, tmp_path / 'two', '--distributed',
+                                         '--n_epochs', '1', '--no_val', '--n_threads', '0',
+                                         '--batch_size', '4', '--learning_rate', '1e-4', *views))
     main.main(tiny_args(*tiny_synthetic, tmp_path / 'one', '--no_train', '--no_val',
                         '--resume_path', str(tmp_path / 'two' / 'save_1.pth'), *views))
     two, one = (json.loads((tmp_path / name / 'val.json').read_text())['results']
@@ -308,9 +303,9 @@ def test_shard_sampler_covers_every_item_once():
 
 
 @pytest.mark.slow
-def test_validation_confusion_matrix_on_two_ranks_equals_one_process(tmp_path):
+def test_validation_confusion_matrix_on_two_ranks_equals_one_process(tmp_path, rank_pool):
     one = validate(SINGLE)
-    run_ranks(validate, 2, tmp_path / 'v.pth')
+    rank_pool.run(validate, tmp_path / 'v.pth')
     two = torch.load(tmp_path / 'v.pth', weights_only=True)
     assert one['confusion'].shape == (N_CLASSES, N_CLASSES)
     assert int(one['confusion'].sum()) == 7

@@ -12,12 +12,13 @@ import main
 import predict
 from checkpoint import load_trained_model
 from opts import option_defaults
-from tests.conftest import tiny_args
+from tests.conftest import skip_curves, tiny_args
 from util_scripts import export
 from utils.exported import OnnxClassifier
 
 ARCHS = ('resnet', 'resnet2p1d')
-pytestmark = pytest.mark.slow  # each test exports checkpoints that two trainings wrote
+# each test exports checkpoints that two trainings wrote
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('one_torch_thread')]
 
 
 @pytest.fixture(scope='module')
@@ -25,11 +26,13 @@ def checkpoints(tiny_synthetic, tmp_path_factory):
     """One epoch of each architecture at depth 10, width 0.5, on 8x32x32 clips."""
     video_path, annotation_path = tiny_synthetic
     out = {}
-    for arch in ARCHS:
-        result = tmp_path_factory.mktemp(arch)
-        main.main(tiny_args(video_path, annotation_path, result, '--model', arch,
-                            '--resnet_widen_factor', '0.5', '--n_epochs', '1', '--no_val'))
-        out[arch] = result / 'save_1.pth'
+    with pytest.MonkeyPatch.context() as patch:
+        skip_curves(patch)
+        for arch in ARCHS:
+            result = tmp_path_factory.mktemp(arch)
+            main.main(tiny_args(video_path, annotation_path, result, '--model', arch,
+                                '--resnet_widen_factor', '0.5', '--n_epochs', '1', '--no_val'))
+            out[arch] = result / 'save_1.pth'
     return out
 
 

@@ -12,6 +12,8 @@ from tests.conftest import tiny_args
 from training import OptimizerConfig, make_optimizer
 from utils.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.usefixtures('one_torch_thread', 'no_curves')
+
 
 def _tiny(n_classes=6):
     torch.manual_seed(0)

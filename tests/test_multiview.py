@@ -13,6 +13,8 @@ from datasets.temporal_transforms import TemporalEvenCrop
 from datasets.videodataset import VideoWindowDataset
 from utils.device_batches import DeviceLoader, ToDevice
 
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+
 
 def test_even_crop_windows_are_its_clips():
     even = TemporalEvenCrop(4, n_samples=3, t_stride=2)  # span 7
@@ -154,11 +156,10 @@ def _infer_worker(ctx, out_path):
 
 
 @pytest.mark.slow
-def test_multiview_inference_on_two_ranks_equals_one(tmp_path):
-    from tests.dist_helpers import run_ranks
+def test_multiview_inference_on_two_ranks_equals_one(tmp_path, rank_pool):
     from utils.distributed import DistContext
     _infer_worker(DistContext(), tmp_path / 'out')
-    run_ranks(_infer_worker, 2, tmp_path / 'out')
+    rank_pool.run(_infer_worker, tmp_path / 'out')
     one, two = (torch.load(tmp_path / f'out.{n}.pth', weights_only=True) for n in (1, 2))
     assert list(one['results']) == list(two['results']) == ['a', 'b', 'c']
     assert one['views'] == two['views'] == {'a': 6, 'b': 6, 'c': 6}
@@ -264,12 +265,11 @@ def test_shard_keeps_the_segments_of_a_video_on_one_rank(table):
 
 @pytest.mark.parametrize('average', [True, False], ids=['average', 'per_clip'])
 @pytest.mark.slow
-def test_segment_inference_on_two_ranks_equals_one(tmp_path, average):
-    from tests.dist_helpers import run_ranks
+def test_segment_inference_on_two_ranks_equals_one(tmp_path, average, rank_pool):
     from utils.distributed import DistContext
     _segment_infer_worker(DistContext(), tmp_path / 'out', average)
     # the two ranks hold a RecordTable, as in main.py: the same shard, the same scores
-    run_ranks(_segment_infer_worker, 2, tmp_path / 'out', average, True)
+    rank_pool.run(_segment_infer_worker, tmp_path / 'out', average, True)
     one, two = (torch.load(tmp_path / f'out.{n}.pth', weights_only=True) for n in (1, 2))
     assert one['views'] == two['views'] == {'b': 2, 'a': 6, 'c': 2}
     assert list(one['results']) == list(two['results']) == ['b', 'a', 'c']

@@ -1,14 +1,18 @@
 """docs/own-videos.md's commands, as the page writes them, on a generated tree of
 .mp4 files in two class folders: annotation, training, fine-tuning, predict,
-export, predict on the exported file. Each command runs in a shell (the page's
-`$(nproc)` included) in a folder of its own; the training commands get the
-options that make them tiny (a depth-10 network on 8x32x32 clips, 2 epochs)
-appended, which override the page's since the last value of an option wins."""
+export, predict on the exported file. Each command is expanded by bash (the
+page's `$(nproc)` included) and run as `python` runs it (the script or module
+as __main__) in a folder of its own, in this process: a new interpreter would
+spend more seconds importing torch than the tiny command takes. The training
+commands get the options that make them tiny (a depth-10 network on 8x32x32
+clips, 2 epochs) appended, which override the page's since the last value of
+an option wins."""
 import json
-import os
 import re
+import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -53,13 +57,35 @@ def two_class_tree(root, per_class=4):
                         images=list(frames))
 
 
-def run(command, cwd):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1',
-               PATH=f'{Path(sys.executable).parent}{os.pathsep}{os.environ["PATH"]}')
-    proc = subprocess.run(['bash', '-c', command], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, f'{command}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}'
-    return proc.stdout + proc.stderr
+def shell_words(command, cwd):
+    """The words bash makes of `command` in `cwd`."""
+    proc = subprocess.run(['bash', '-c', f"printf '%s\\0' {command}"], cwd=cwd, capture_output=True,
+                          text=True, check=True)
+    return proc.stdout.split('\0')[:-1]
+
+
+def run(command, cwd, monkeypatch, capsys):
+    """`python [-m] target args`, as the python command would run it; its output."""
+    words = shell_words(command, cwd)
+    assert words[0] == 'python', command
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = 0
+    with monkeypatch.context() as patch, warnings.catch_warnings():
+        # runpy's note that the module was imported before (by other tests)
+        warnings.filterwarnings('ignore', '.*found in sys.modules', RuntimeWarning)
+        try:
+            if words[1] == '-m':
+                patch.setattr(sys, 'argv', [words[2], *words[3:]])
+                runpy.run_module(words[2], run_name='__main__', alter_sys=True)
+            else:
+                patch.setattr(sys, 'argv', words[1:])
+                runpy.run_path(words[1], run_name='__main__')
+        except SystemExit as stop:
+            code = stop.code
+    printed = capsys.readouterr()
+    assert code in (None, 0), f'{command}\nexit {code}\n{printed.out}\n{printed.err}'
+    return printed.out + printed.err
 
 
 def test_the_page_has_the_steps_in_order():
@@ -69,33 +95,37 @@ def test_the_page_has_the_steps_in_order():
 
 
 @pytest.mark.slow
-def test_own_videos_from_annotation_to_export(tmp_path):
+@pytest.mark.usefixtures('one_torch_thread')
+def test_own_videos_from_annotation_to_export(tmp_path, monkeypatch, capsys, no_curves):
     two_class_tree(tmp_path / 'my_videos')
     for script in ('main.py', 'predict.py'):
         (tmp_path / script).symlink_to(ROOT / script)
     annotate, train, finetune, predict, export, predict_onnx = page_commands()
 
-    out = run(annotate, tmp_path)
+    def run_here(command):
+        return run(command, tmp_path, monkeypatch, capsys)
+
+    out = run_here(annotate)
     annotation = json.loads((tmp_path / 'my_videos.json').read_text())
     assert annotation['labels'] == ['move_left', 'move_right']
     subsets = sorted(v['subset'] for v in annotation['database'].values())
     assert subsets == ['training'] * 6 + ['validation'] * 2, out
 
-    run(f'{train} {TINY}', tmp_path)
+    run_here(f'{train} {TINY}')
     result = tmp_path / 'results' / 'my_videos'
     assert [row['epoch'] for row in read_tsv(result / 'train.log')] == ['1', '2']
     assert (result / 'best.pth').is_file() and (result / 'save_2.pth').is_file()
 
     assert PUBLISHED in finetune
-    run(f'{finetune.replace(PUBLISHED, str(result / "best.pth"))} {TINY}'.replace(
-        '--n_pretrain_classes 700', '--n_pretrain_classes 2'), tmp_path)
+    run_here(f'{finetune.replace(PUBLISHED, str(result / "best.pth"))} {TINY}'.replace(
+        '--n_pretrain_classes 700', '--n_pretrain_classes 2'))
     assert (tmp_path / 'results' / 'my_videos_ft' / 'best.pth').is_file()
 
-    out = run(predict, tmp_path)
+    out = run_here(predict)
     assert len(re.findall(r'^move_(left|right)_\d\d: move_', out, re.M)) == 8, out
     assert 'top-1 accuracy' in out
 
-    out = run(f'{export} {EXPORT_TINY}', tmp_path)
+    out = run_here(f'{export} {EXPORT_TINY}')
     assert (tmp_path / 'my_videos.onnx').is_file(), out
-    out = run(predict_onnx, tmp_path)
+    out = run_here(predict_onnx)
     assert re.search(r'^move_left_00: move_(left|right) \(', out, re.M), out

@@ -12,7 +12,6 @@ import torch
 
 import main
 from tests.conftest import tiny_args
-from tests.dist_helpers import run_ranks
 from utils.checkpoint import load_checkpoint
 from utils.distributed import DistContext
 from utils.logs import read_tsv
@@ -55,8 +54,8 @@ def _agree_worker(ctx, requesting_rank, out_dir):
 
 @pytest.mark.parametrize('requesting_rank', [None, 0, 1])
 @pytest.mark.slow
-def test_ranks_agree_to_stop_when_any_rank_was_signalled(tmp_path, requesting_rank):
-    run_ranks(_agree_worker, 2, requesting_rank, tmp_path)
+def test_ranks_agree_to_stop_when_any_rank_was_signalled(tmp_path, requesting_rank, rank_pool):
+    rank_pool.run(_agree_worker, requesting_rank, tmp_path)
     expected = str(requesting_rank is not None)
     assert [(tmp_path / f'{r}').read_text() for r in (0, 1)] == [expected, expected]
 
@@ -158,6 +157,7 @@ RECIPE = ['--mixup_alpha', '0.4', '--cutmix_alpha', '1.0', '--ema_decay', '0.9',
 
 @pytest.mark.parametrize('recipe', [[], RECIPE], ids=['plain', 'mix_ema_precise_bn'])
 @pytest.mark.slow
+@pytest.mark.usefixtures('one_torch_thread', 'no_curves')
 def test_a_resumed_mid_epoch_checkpoint_skips_exactly_the_batches_it_covers(tiny_synthetic,
                                                                            tmp_path, capsys, recipe):
     """Resuming from a mid-epoch checkpoint of a run ends with that run's weights

@@ -5,25 +5,17 @@ epoch's train.log row is the uninterrupted run's.
 Each test: one uninterrupted 2-process run with --checkpoint_steps 1 (which
 also gives the checkpoint to resume from), then a 2-process run resumed from
 the checkpoint after 2 of the epoch's 6 steps. Both runs go through main.run
-on processes spawned here (the path torchrun takes after start-up)."""
+on two processes the session keeps (the path torchrun takes after start-up;
+tests.dist_helpers.RankPool)."""
 import pytest
 import torch
 
 import main
-from opts import parse_opts
 from tests.conftest import tiny_args
-from tests.dist_helpers import run_ranks
+from tests.dist_helpers import main_worker
 from utils.checkpoint import load_checkpoint
 from utils.logs import read_tsv
 from utils.retention import checkpoint_name
-
-
-def _main_worker(ctx, argv):
-    main.run(parse_opts(argv), ctx)
-
-
-def run_two_processes(argv):
-    run_ranks(_main_worker, 2, argv)
 
 
 def max_weight_difference(a, b, key='state_dict'):
@@ -40,17 +32,18 @@ FAMILIES = {
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures('one_torch_thread', 'no_curves')
 @pytest.mark.parametrize('family', list(FAMILIES))
-def test_two_process_mid_epoch_resume_is_exact(tiny_synthetic, tmp_path, family, capsys):
+def test_two_process_mid_epoch_resume_is_exact(tiny_synthetic, tmp_path, family, capsys, rank_pool):
     # 24 training videos, global batch 4: 2 clips per process, 6 steps.
     common = ['--distributed', '--batch_size', '4', '--n_threads', '0', '--n_epochs', '1',
               '--no_val', '--lr_scheduler', 'cosine', '--learning_rate', '0.05',
               *FAMILIES[family]]
     whole = tmp_path / 'whole'
-    run_two_processes(tiny_args(*tiny_synthetic, whole, *common, '--checkpoint_steps', '1'))
+    rank_pool.run(main_worker, tiny_args(*tiny_synthetic, whole, *common, '--checkpoint_steps', '1'))
     resumed = tmp_path / 'resumed'
-    run_two_processes(tiny_args(*tiny_synthetic, resumed, *common, '--resume_path',
-                                str(whole / checkpoint_name(1, 2))))
+    rank_pool.run(main_worker, tiny_args(*tiny_synthetic, resumed, *common, '--resume_path',
+                                         str(whole / checkpoint_name(1, 2))))
     expected, final = load_checkpoint(whole / 'save_1.pth'), load_checkpoint(resumed / 'save_1.pth')
     keys = ['state_dict'] + (['ema_state_dict'] if 'ema_state_dict' in expected else [])
     differences = {key: max_weight_difference(expected, final, key) for key in keys}

@@ -10,6 +10,8 @@ from utils.checkpoint import find_latest_checkpoint, load_checkpoint
 from utils.logs import read_tsv
 from utils.retention import checkpoint_name, checkpoint_progress, prune_checkpoints
 
+pytestmark = pytest.mark.usefixtures('one_torch_thread', 'no_curves')
+
 
 def test_names_and_their_order():
     assert checkpoint_name(3) == 'save_3.pth' and checkpoint_name(4, 20) == 'save_4_20.pth'

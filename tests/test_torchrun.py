@@ -19,7 +19,8 @@ from utils.distributed import free_port
 from utils.logs import read_tsv
 from utils.processes import child_pids
 
-pytestmark = pytest.mark.slow  # every test starts main.py under a launcher, in processes of its own
+# every test starts main.py under a launcher, in processes of its own
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('one_torch_thread')]
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / 'main.py')
@@ -75,30 +76,49 @@ def test_torchrun_two_processes_train_validate_resume_infer(tiny_synthetic, tmp_
             [e['score'] for e in entries], abs=1e-5)
 
 
-def test_two_node_rendezvous_on_loopback(tiny_synthetic, tmp_path):
+# One epoch on 2 processes, no validation: the job each launcher below trains.
+ONE_EPOCH_JOB = ('--distributed', '--n_epochs', '1', '--n_threads', '0', '--no_val')
+
+
+@pytest.fixture(scope='module')
+def two_node_job(tiny_synthetic, tmp_path_factory):
+    """ONE_EPOCH_JOB under two torchrun agents (--nnodes=2) on loopback:
+    (result folder, the agents' return codes, their outputs). The launches
+    of the same job by srun and torch.distributed.launch compare their weights
+    with its."""
     port = free_port()
-    result = tmp_path / 'r'
-    args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', '1',
-                     '--n_threads', '0', '--no_val')
+    result = tmp_path_factory.mktemp('two_node') / 'r'
+    args = tiny_args(*tiny_synthetic, result, *ONE_EPOCH_JOB)
     procs = [subprocess.Popen(
         torchrun('--nnodes=2', f'--node_rank={rank}', '--nproc_per_node=1',
                  '--master_addr=127.0.0.1', f'--master_port={port}', MAIN) + args,
         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank in (0, 1)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    return result, [p.returncode for p in procs], outs
+
+
+def test_two_node_rendezvous_on_loopback(two_node_job):
+    result, codes, outs = two_node_job
+    assert codes == [0, 0], outs
     assert '2 process(es)' in outs[0]
     assert (result / 'save_1.pth').exists()
+
+
+def _same_weights(a, b):
+    a, b = load_checkpoint(a)['state_dict'], load_checkpoint(b)['state_dict']
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in b)
 
 
 def _worker_pids(parent_pid):
     return child_pids(parent_pid)
 
 
-@pytest.mark.parametrize('rendezvous', ['static', 'c10d'])
+# The static rendezvous's restart: test_a_peer_killed_mid_epoch_is_one_line_on_the_surviving_rank.
+@pytest.mark.parametrize('rendezvous', ['c10d'])
 def test_elastic_restart_resumes_after_a_killed_worker(tiny_synthetic, tmp_path, rendezvous):
     result = tmp_path / 'r'
-    n_epochs = 8
+    n_epochs = 4
     args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', str(n_epochs),
                      '--checkpoint', '1', '--auto_resume', '--n_threads', '0', '--no_val')
     port = free_port()
@@ -136,9 +156,10 @@ def test_a_peer_killed_mid_epoch_is_one_line_on_the_surviving_rank(tiny_syntheti
     """--n_threads 1: torchrun ends the surviving rank's process group after its
     peer died. Before: two chained tracebacks (the collective's 'Connection reset
     by peer', then 'DataLoader worker (pid N) is killed by signal: Terminated');
-    now one line naming the collective and why, and the job restarts and finishes."""
+    now one line naming the collective and why, and the job restarts (static
+    rendezvous) and resumes from its last checkpoint to the end."""
     result = tmp_path / 'r'
-    n_epochs = 6
+    n_epochs = 3
     args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', str(n_epochs),
                      '--checkpoint', '1', '--auto_resume', '--n_threads', '1', '--no_val',
                      '--batch_size', '4', '--log_interval', '1')
@@ -172,6 +193,10 @@ def test_a_peer_killed_mid_epoch_is_one_line_on_the_surviving_rank(tiny_syntheti
     assert 'another process of the job died' in lines[0] or \
         'sent to the whole process group' in lines[0], err
     assert load_checkpoint(result / f'save_{n_epochs}.pth')['epoch'] == n_epochs
+    assert 'auto-resume from' in out + err
+    epochs = [int(r['epoch']) for r in read_tsv(result / 'train.log')]
+    assert epochs[-1] == n_epochs and set(epochs) == set(range(1, n_epochs + 1))
+    assert len(epochs) < 2 * n_epochs  # resumed, not started over
 
 
 def test_sigterm_to_torchrun_with_loader_workers_still_checkpoints(tiny_synthetic, tmp_path):
@@ -211,13 +236,13 @@ def _batch_rows(result):
         return 0
 
 
-def test_deprecated_launch_passes_local_rank(tiny_synthetic, tmp_path):
+def test_deprecated_launch_passes_local_rank(tiny_synthetic, tmp_path, two_node_job):
     result = tmp_path / 'r'
-    args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', '1',
-                     '--n_threads', '0', '--no_val')
+    args = tiny_args(*tiny_synthetic, result, *ONE_EPOCH_JOB)
     check_run([sys.executable, '-m', 'torch.distributed.launch', '--nproc_per_node=2',
                f'--master_port={free_port()}', MAIN] + args)
     assert (result / 'save_1.pth').exists()
+    assert _same_weights(result / 'save_1.pth', two_node_job[0] / 'save_1.pth')
 
 
 def test_main_spawns_its_own_processes_without_a_launcher(tiny_synthetic, tmp_path):
@@ -239,7 +264,7 @@ def test_two_agent_elastic_restart_recovers(tiny_synthetic, tmp_path):
     worker survived sees a membership change, which its agent does not count as
     a restart: a key prefix from the restart count would split the ranks."""
     result = tmp_path / 'r'
-    n_epochs = 6
+    n_epochs = 3
     args = tiny_args(*tiny_synthetic, result, '--distributed', '--n_epochs', str(n_epochs),
                      '--checkpoint', '1', '--auto_resume', '--n_threads', '0', '--no_val')
     port = free_port()
@@ -289,14 +314,13 @@ def _free_port_in(low, high):
     raise RuntimeError('no free port')
 
 
-def test_srun_style_start_trains_the_same_job_as_torchrun(tiny_synthetic, tmp_path):
+def test_srun_style_start_trains_the_same_job_as_torchrun(tiny_synthetic, tmp_path, two_node_job):
     """`srun python main.py --distributed` without torchrun: rank, world size,
     local rank and the master address come from SLURM's variables (faked here
-    for two CPU processes); the job is the one torchrun trains, weight for weight."""
-    args = ['--distributed', '--n_epochs', '1', '--n_threads', '0', '--no_val']
-    via_torchrun = tmp_path / 'torchrun'
-    check_run(torchrun('--nproc_per_node=2', f'--master_port={free_port()}', MAIN)
-              + tiny_args(*tiny_synthetic, via_torchrun, *args))
+    for two CPU processes); the job is the one torchrun trains (two_node_job),
+    weight for weight."""
+    args = ONE_EPOCH_JOB
+    via_torchrun = two_node_job[0]
     via_srun = tmp_path / 'srun'
     job_id = _free_port_in(20000, 40000) - 20000  # the port main.py derives: 20000 + id
     procs = []
