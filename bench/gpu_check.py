@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from utils.processes import end_tree
+from utils.processes import ForkedPython, end_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_TAG = 'GPU_CHECK_RESULT '
@@ -96,8 +96,12 @@ def run_in_child(args, log_path, timeout, cpu):
     cmd = [sys.executable, '-m', 'bench.gpu_check', *args]
     t0 = time.time()
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(cpu), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        if cpu:  # a fork skips a new interpreter's imports (utils.processes.ForkedPython)
+            importlib.import_module('main')
+            proc = ForkedPython(cmd, log, log, env=child_env(cpu))
+        else:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(cpu), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         # Leftovers (loader workers, torchrun's ranks in sessions of their own)
         # are killed before the child is reaped.
         timed_out = not end_tree(proc, timeout)
@@ -216,6 +220,10 @@ def list_checks(checks):
 
 def main(argv=None):
     options = parse_args(argv)
+    if options.cpu_dry_run:
+        # Before torch is imported, for every fork and child: on a small CPU,
+        # inductor's pool of compile workers costs more to start than it saves.
+        os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')
     checks = all_checks(options.extra_checks)
     if options.list:
         list_checks(checks)

@@ -162,7 +162,7 @@ def check_deterministic_midepoch_resume(c):
     diff = max_weight_diff(whole / 'save_1.pth', resumed / 'save_1.pth')
     if diff != 0:
         raise Failed(f'resumed after 5 steps: weights differ by up to {diff:.3g}')
-    return 'resumed after 5 of 15 steps: weights equal to the uninterrupted run (max diff 0)'
+    return 'resumed after 5 steps: weights equal to the uninterrupted run (max diff 0)'
 
 
 def check_predict_cuda(c):
@@ -457,9 +457,10 @@ def check_ema_cost(c):
 def check_amp(c, dtype):
     """10 epochs: past the 3 warmup epochs, the loss falls."""
     result = c.result_path(f'amp_{dtype}')
-    proc = ok(c.main_py(result, '--n_epochs', '10', *c.amp_args(dtype)), 'training')
+    proc = ok(c.main_py(result, '--n_epochs', c.epochs(10, on_cpu=4), *c.amp_args(dtype)),
+              'training')
     losses = finite_losses(result)
-    if losses[-1] >= losses[0]:
+    if losses[-1] >= losses[0] and not c.cpu:  # a dry run's 4 epochs of 48 clips: plumbing
         raise Failed(f'train losses {losses}: not decreasing')
     return f'losses {losses_text(losses)}, {last_rate(result)[0]:.0f} clips/s' + \
         (f' ({proc.count("Traceback")} tracebacks)' if 'Traceback' in proc else '')

@@ -5,6 +5,7 @@ that pid any more. These tests make the kernel do so at once: the pid of a
 reaped child goes to a bystander process (through
 /proc/sys/kernel/ns_last_pid, which needs root), which must survive the
 clean-up."""
+import os
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def start_at_pid(pid):
     return None
 
 
-class PidReusedOnReaping(subprocess.Popen):
+class PidReuse:
     """A child whose pid goes to a bystander process the moment it is reaped."""
     bystanders = []
 
@@ -45,22 +46,34 @@ class PidReusedOnReaping(subprocess.Popen):
         reaped_before = self.returncode is not None
         code = reap(*args)
         if not reaped_before and code is not None:
-            PidReusedOnReaping.bystanders.append(start_at_pid(self.pid))
+            PidReuse.bystanders.append(start_at_pid(self.pid))
         return code
+
+
+class PidReusedOnReaping(PidReuse, subprocess.Popen):
+    pass
+
+
+class ForkReusedOnReaping(PidReuse, processes.ForkedPython):
+    """The CPU dry run's children and commands are forks (ForkedPython)."""
 
 
 @pytest.fixture
 def reused_pids(monkeypatch):
-    """subprocess.Popen replaced by PidReusedOnReaping; yields the bystanders'
-    list (each must still run after the code under test returned)."""
+    """subprocess.Popen and the self-check's ForkedPython replaced by children
+    whose pids are reused on reaping; yields the bystanders' list (each must
+    still run after the code under test returned)."""
+    from bench import gpu_check, gpu_checks_common
     try:
         NS_LAST_PID.write_text(NS_LAST_PID.read_text())
     except OSError:
         pytest.skip('/proc/sys/kernel/ns_last_pid is not writable (not root): pids cannot be steered')
-    PidReusedOnReaping.bystanders = []
+    PidReuse.bystanders = []
     monkeypatch.setattr(subprocess, 'Popen', PidReusedOnReaping)
-    yield PidReusedOnReaping.bystanders
-    for bystander in PidReusedOnReaping.bystanders:
+    for module in (gpu_check, gpu_checks_common):
+        monkeypatch.setattr(module, 'ForkedPython', ForkReusedOnReaping)
+    yield PidReuse.bystanders
+    for bystander in PidReuse.bystanders:
         if bystander is not None:
             bystander.kill()
             bystander.wait()
@@ -157,3 +170,36 @@ def test_end_tree_kills_what_stays_in_the_childs_process_group(tmp_path):
     while processes.alive(left) and time.time() < deadline:
         time.sleep(0.05)
     assert not processes.alive(left)
+
+
+def test_a_forked_python_command_runs_like_a_new_interpreter(tmp_path):
+    """ForkedPython: a script's argv, its output to the files, its exit status
+    (SystemExit's text to stderr, as python prints it), in a session of its own;
+    `-m module` the same; an exception is a traceback and status 1."""
+    script = tmp_path / 'script.py'
+    script.write_text('import os, sys\nprint(sys.argv[1:], os.getsid(0) == os.getpid())\n'
+                      'print("to stderr", file=sys.stderr)\n'
+                      'sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])\n')
+    (tmp_path / 'failing.py').write_text('raise ValueError("bad input")\n')
+    (tmp_path / 'sleeper.py').write_text('import time\ntime.sleep(60)\n')
+    runs = {}
+    for name, cmd in {'status': [sys.executable, str(script), '3'],
+                      'text': [sys.executable, str(script), 'a message'],
+                      'module': [sys.executable, '-m', 'failing'],
+                      'killed': [sys.executable, str(tmp_path / 'sleeper.py')]}.items():
+        out, err = (tmp_path / f'{name}.out').open('w+'), (tmp_path / f'{name}.err').open('w+')
+        sys.path.insert(0, str(tmp_path))
+        try:
+            proc = processes.ForkedPython(cmd, out, err, env={'PATH': '/bin'})
+        finally:
+            sys.path.remove(str(tmp_path))
+        if name == 'killed':
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGKILL)
+        runs[name] = (proc.wait(timeout=30), (tmp_path / f'{name}.out').read_text(),
+                      (tmp_path / f'{name}.err').read_text())
+    assert runs['status'] == (3, "['3'] True\n", 'to stderr\n')
+    assert runs['text'] == (1, "['a message'] True\n", 'to stderr\na message\n')
+    assert runs['module'][0] == 1 and 'ValueError: bad input' in runs['module'][2]
+    assert runs['killed'][0] == -signal.SIGKILL
+    assert os.environ.get('PATH') != '/bin'  # the env given is the fork's, not this process's
