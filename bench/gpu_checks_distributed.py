@@ -39,7 +39,8 @@ def check_compile_ddp_2gpu(c):
     --grad_checkpointing and --batchnorm_sync: it trains; graph breaks counted
     over both ranks (SyncBatchNorm may break the graph at every layer); speed
     against eager."""
-    extra = ['--n_epochs', '2', '--no_val', '--accumulation_steps', '2', '--channels_last',
+    extra = ['--n_epochs', c.epochs(2, on_cpu=1), '--no_val', '--accumulation_steps', '2',
+             '--channels_last',
              '--grad_checkpointing', '--batchnorm_sync']
     runs = {}
     for mode in ('eager', 'compile'):
@@ -50,7 +51,7 @@ def check_compile_ddp_2gpu(c):
         finite_losses(result)
         runs[mode] = (last_rate(result)[0], count_graph_breaks(out))
     ratio = runs['compile'][0] / runs['eager'][0]
-    return (f'{runs["compile"][1]} graph breaks over 2 ranks; epoch 2 at {runs["compile"][0]:.0f} '
+    return (f'{runs["compile"][1]} graph breaks over 2 ranks; last epoch at {runs["compile"][0]:.0f} '
             f'clips/s compiled vs {runs["eager"][0]:.0f} eager ({ratio:.2f}x)')
 
 
@@ -77,13 +78,15 @@ def check_precise_bn_syncbn_2gpu(c):
     """--precise_bn with --batchnorm_sync on 2 GPUs: the statistics pass runs and
     validation follows."""
     result = c.result_path('precise_bn')
-    ok(c.torchrun(2, result, '--n_epochs', '2', '--batchnorm_sync', '--precise_bn', '4'),
+    ok(c.torchrun(2, result, '--n_epochs', c.epochs(2, on_cpu=1), '--batchnorm_sync',
+                  '--precise_bn', '4'),
        '--precise_bn 4 --batchnorm_sync')
     rows = read_log(result / 'val.log')
     if not rows:
         raise Failed('no validation after the precise BN pass')
     last = rows[-1]
-    return f'val loss {float(last["loss"]):.4f}, video acc {float(last["acc"]):.4f} after 2 epochs'
+    return (f'val loss {float(last["loss"]):.4f}, video acc {float(last["acc"]):.4f} after '
+            f'{len(rows)} epoch(s)')
 
 
 def check_spawn_2gpu(c):
@@ -92,7 +95,8 @@ def check_spawn_2gpu(c):
     from utils.distributed import free_port
     result = c.result_path('spawn')
     env = c.env() if c.cpu else c.env(CUDA_VISIBLE_DEVICES='0,1')
-    cmd = [sys.executable, MAIN, *c.args(result, '--distributed', '--n_epochs', '2', '--dist_url',
+    cmd = [sys.executable, MAIN, *c.args(result, '--distributed', '--n_epochs',
+                                          c.epochs(2, on_cpu=1), '--dist_url',
                                           f'tcp://127.0.0.1:{free_port()}', '--world_size', '1')]
     proc = c.popen(cmd, env=env)
     try:  # the job's processes, read while its pid is still its own (until finish reaps it)
