@@ -31,6 +31,12 @@ from utils.processes import alive, child_pids, descendants, end_tree, exited
 # cuDNN and cuBLAS pick TF32 kernels by shape (convolutions use TF32 by default):
 # comparisons of 1 and 2 processes turn it off, with --deterministic.
 NO_TF32 = {'NVIDIA_TF32_OVERRIDE': '0'}
+
+
+def no_tf32(c):
+    """The environment with TF32 off on a GPU; on a CPU dry run none of its own
+    (TF32 is a GPU setting), so that the command runs in a fork."""
+    return None if c.cpu else c.env(**NO_TF32)
 FROZEN_TIMEOUT = 20  # --dist_timeout of the frozen-rank check
 
 
@@ -64,7 +70,7 @@ def check_gradckpt_syncbn_2gpu(c):
     for mode in ('plain', 'checkpointed'):
         results[mode] = c.result_path(mode)
         flag = ['--grad_checkpointing'] if mode == 'checkpointed' else []
-        ok(c.torchrun(2, results[mode], *extra, *flag, env=c.env(**NO_TF32)), f'{mode} run')
+        ok(c.torchrun(2, results[mode], *extra, *flag, env=no_tf32(c)), f'{mode} run')
     a, b = results['plain'] / 'save_1.pth', results['checkpointed'] / 'save_1.pth'
     params = max_weight_diff(a, b, parameters_only=True)
     everything = max_weight_diff(a, b)
@@ -94,7 +100,7 @@ def check_spawn_2gpu(c):
     trains, and each GPU holds one CUDA context of it (processes per GPU)."""
     from utils.distributed import free_port
     result = c.result_path('spawn')
-    env = c.env() if c.cpu else c.env(CUDA_VISIBLE_DEVICES='0,1')
+    env = None if c.cpu else c.env(CUDA_VISIBLE_DEVICES='0,1')
     cmd = [sys.executable, MAIN, *c.args(result, '--distributed', '--n_epochs',
                                           c.epochs(2, on_cpu=1), '--dist_url',
                                           f'tcp://127.0.0.1:{free_port()}', '--world_size', '1')]
@@ -166,8 +172,8 @@ def check_syncbn_2_vs_1(c):
     extra = ['--n_epochs', '1', '--batchnorm_sync', '--no_val', '--deterministic',
              '--learning_rate', '0.001', '--batch_size', '16']
     one, two = c.result_path('sync_1'), c.result_path('sync_2')
-    ok(c.torchrun(1, one, *extra, env=c.env(**NO_TF32)), '1 GPU')
-    ok(c.torchrun(2, two, *extra, env=c.env(**NO_TF32)), '2 GPUs')
+    ok(c.torchrun(1, one, *extra, env=no_tf32(c)), '1 GPU')
+    ok(c.torchrun(2, two, *extra, env=no_tf32(c)), '2 GPUs')
     a, b = train_losses(one)[0], train_losses(two)[0]
     if abs(a - b) > 2e-3 * max(1.0, abs(a)):
         raise Failed(f'epoch loss {a:.6f} on 1 GPU, {b:.6f} on 2')
@@ -190,7 +196,7 @@ def check_nccl_validation(c):
     results = [c.result_path(f'val_{n}') for n in (1, 2)]
     for n, result in zip((1, 2), results):
         ok(c.torchrun(n, result, '--no_train', '--deterministic', '--resume_path',
-                      str(trained / 'save_1.pth'), env=c.env(**NO_TF32)), f'{n} process(es)')
+                      str(trained / 'save_1.pth'), env=no_tf32(c)), f'{n} process(es)')
     one, two = (last_validation(r) for r in results)
     if any(abs(x - y) > 1e-4 for x, y in zip(one, two)):
         raise Failed(f'loss/video acc/clip acc {one} on 1 process, {two} on 2')
