@@ -97,7 +97,6 @@ def run_in_child(args, log_path, timeout, cpu):
     t0 = time.time()
     with open(log_path, 'w') as log:
         if cpu:  # a fork skips a new interpreter's imports (utils.processes.ForkedPython)
-            importlib.import_module('main')
             proc = ForkedPython(cmd, log, log, env=child_env(cpu))
         else:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(cpu), stdout=log,
@@ -225,6 +224,8 @@ def main(argv=None):
         # inductor's pool of compile workers costs more to start than it saves.
         os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')
     checks = all_checks(options.extra_checks)
+    if options.cpu_dry_run:
+        importlib.import_module('main')  # once, here: every child is a fork that has it
     if options.list:
         list_checks(checks)
         return 0

@@ -31,13 +31,13 @@ from utils.processes import alive, child_pids, descendants, end_tree, exited
 # cuDNN and cuBLAS pick TF32 kernels by shape (convolutions use TF32 by default):
 # comparisons of 1 and 2 processes turn it off, with --deterministic.
 NO_TF32 = {'NVIDIA_TF32_OVERRIDE': '0'}
+FROZEN_TIMEOUT = 20  # --dist_timeout of the frozen-rank check
 
 
 def no_tf32(c):
     """The environment with TF32 off on a GPU; on a CPU dry run none of its own
     (TF32 is a GPU setting), so that the command runs in a fork."""
     return None if c.cpu else c.env(**NO_TF32)
-FROZEN_TIMEOUT = 20  # --dist_timeout of the frozen-rank check
 
 
 def check_compile_ddp_2gpu(c):
@@ -46,8 +46,7 @@ def check_compile_ddp_2gpu(c):
     over both ranks (SyncBatchNorm may break the graph at every layer); speed
     against eager."""
     extra = ['--n_epochs', c.epochs(2, on_cpu=1), '--no_val', '--accumulation_steps', '2',
-             '--channels_last',
-             '--grad_checkpointing', '--batchnorm_sync']
+             '--channels_last', '--grad_checkpointing', '--batchnorm_sync']
     runs = {}
     for mode in ('eager', 'compile'):
         result = c.result_path(mode)

@@ -79,12 +79,17 @@ def rank_pool():
     pool.close()
 
 
+def no_drawing(result_path):
+    """utils.logs.drawing_command's stand-in: a process that draws nothing."""
+    return [sys.executable, '-c', '']
+
+
 def skip_curves(monkeypatch):
     """Runs in this process skip drawing curves.png (a matplotlib process after
     each epoch, 1-2 s of CPU): for tests that do not look at it (test_main.py's
     do)."""
     from utils import logs
-    monkeypatch.setattr(logs, 'drawing_command', lambda result_path: [sys.executable, '-c', ''])
+    monkeypatch.setattr(logs, 'drawing_command', no_drawing)
 
 
 @pytest.fixture

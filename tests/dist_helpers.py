@@ -1,9 +1,9 @@
 """Runs a function on N gloo processes (loopback) for the distributed tests."""
 import os
 import queue
-import sys
 import time
 import traceback
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -74,19 +74,13 @@ class RankPool:
         self.tasks = [context.Queue() for _ in range(self.world_size)]
         self.results = context.Queue()
         port = free_port()
-        saved = os.environ.get('CUDA_VISIBLE_DEVICES')
-        os.environ['CUDA_VISIBLE_DEVICES'] = ''  # CPU ranks, as under run_ranks in a test
-        try:
+        # CPU ranks, as under run_ranks in a test
+        with mock.patch.dict(os.environ, CUDA_VISIBLE_DEVICES=''):
             self.procs = [context.Process(target=_pool_worker, args=(
                 rank, self.world_size, port, os.getpid(), self.tasks[rank], self.results))
                 for rank in range(self.world_size)]
             for proc in self.procs:
                 proc.start()
-        finally:
-            if saved is None:
-                del os.environ['CUDA_VISIBLE_DEVICES']
-            else:
-                os.environ['CUDA_VISIBLE_DEVICES'] = saved
 
     def run(self, fn, *args, timeout=900):
         if not self.procs or not all(p.is_alive() for p in self.procs):
@@ -132,9 +126,8 @@ class RankPool:
 def main_worker(ctx, argv):
     """main.run on this rank, the path torchrun takes after start-up; curves.png
     is not drawn (a matplotlib process an epoch: the tests do not look at it)."""
-    from unittest import mock
-
     import main
     from opts import parse_opts
-    with mock.patch('utils.logs.drawing_command', lambda result_path: [sys.executable, '-c', '']):
+    from tests.conftest import no_drawing
+    with mock.patch('utils.logs.drawing_command', no_drawing):
         main.run(parse_opts(argv), ctx)

@@ -9,7 +9,6 @@ clips, 2 epochs) appended, which override the page's since the last value of
 an option wins."""
 import json
 import re
-import runpy
 import subprocess
 import sys
 import warnings
@@ -21,6 +20,7 @@ import pytest
 from datasets.synthetic import render_video
 from tests.video_files import write_video
 from utils.logs import read_tsv
+from utils.processes import run_as_main
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / 'docs' / 'own-videos.md'
@@ -74,13 +74,10 @@ def run(command, cwd, monkeypatch, capsys):
     with monkeypatch.context() as patch, warnings.catch_warnings():
         # runpy's note that the module was imported before (by other tests)
         warnings.filterwarnings('ignore', '.*found in sys.modules', RuntimeWarning)
+        patch.setattr(sys, 'argv', sys.argv)  # restored after
+        patch.setattr(sys, 'path', list(sys.path))
         try:
-            if words[1] == '-m':
-                patch.setattr(sys, 'argv', [words[2], *words[3:]])
-                runpy.run_module(words[2], run_name='__main__', alter_sys=True)
-            else:
-                patch.setattr(sys, 'argv', words[1:])
-                runpy.run_path(words[1], run_name='__main__')
+            run_as_main(words[1:])
         except SystemExit as stop:
             code = stop.code
     printed = capsys.readouterr()

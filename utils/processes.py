@@ -1,6 +1,6 @@
 """Processes found through /proc (Linux), without pgrep or ps: the self-check
 and the tests run where those tools may be missing; ending a process's whole
-tree; Python commands run in a fork (ForkedPython)."""
+tree; Python commands run as __main__ in this process or in a fork of it."""
 import os
 import runpy
 import signal
@@ -98,6 +98,19 @@ def end_tree(proc, timeout=None):
     return in_time
 
 
+def run_as_main(argv):
+    """`python ARGV...` run as python runs it, in this process: `SCRIPT ARGS` or
+    `-m MODULE ARGS`, sys.argv set and the script's folder first on sys.path
+    (callers restore both), the code as __main__."""
+    if argv[0] == '-m':
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name='__main__', alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name='__main__')
+
+
 class ForkedPython:
     """`python SCRIPT ARGS...` or `python -m MODULE ARGS...` run in a fork of this
     process instead of a new interpreter: the 3-5 s a fresh one spends importing
@@ -130,13 +143,7 @@ class ForkedPython:
                 os.environ.update(env)
             import torch
             torch.set_num_threads(1)
-            if argv[0] == '-m':
-                sys.argv = [argv[1], *argv[2:]]
-                runpy.run_module(argv[1], run_name='__main__', alter_sys=True)
-            else:
-                sys.argv = list(argv)
-                sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-                runpy.run_path(argv[0], run_name='__main__')
+            run_as_main(argv)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -169,6 +176,3 @@ class ForkedPython:
     def send_signal(self, sig):
         if self.poll() is None:
             os.kill(self.pid, sig)
-
-    def kill(self):
-        self.send_signal(signal.SIGKILL)
