@@ -1,4 +1,3 @@
-import sys
 from pathlib import Path
 
 import pytest
@@ -79,15 +78,11 @@ def rank_pool():
     pool.close()
 
 
-def no_drawing(result_path):
-    """utils.logs.drawing_command's stand-in: a process that draws nothing."""
-    return [sys.executable, '-c', '']
-
-
 def skip_curves(monkeypatch):
     """Runs in this process skip drawing curves.png (a matplotlib process after
     each epoch, 1-2 s of CPU): for tests that do not look at it (test_main.py's
     do)."""
+    from tests.dist_helpers import no_drawing
     from utils import logs
     monkeypatch.setattr(logs, 'drawing_command', no_drawing)
 

@@ -1,6 +1,7 @@
 """Runs a function on N gloo processes (loopback) for the distributed tests."""
 import os
 import queue
+import sys
 import time
 import traceback
 from unittest import mock
@@ -123,11 +124,15 @@ class RankPool:
         self.procs = []
 
 
+def no_drawing(result_path):
+    """utils.logs.drawing_command's stand-in: a process that draws nothing."""
+    return [sys.executable, '-c', '']
+
+
 def main_worker(ctx, argv):
     """main.run on this rank, the path torchrun takes after start-up; curves.png
     is not drawn (a matplotlib process an epoch: the tests do not look at it)."""
     import main
     from opts import parse_opts
-    from tests.conftest import no_drawing
     with mock.patch('utils.logs.drawing_command', no_drawing):
         main.run(parse_opts(argv), ctx)
