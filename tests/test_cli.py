@@ -47,6 +47,8 @@ def test_help_imports_no_torch(command):
     (['main.py', '--dataset', 'kinetic'], "invalid choice: 'kinetic'"),
     (['predict.py', '--topkk', '3', 'save_1.pth', 'video.mp4'], 'did you mean --topk?'),
     (['-m', 'util_scripts.export', 'save_1.pth', '--outptu', 'x.onnx'], 'did you mean --output?'),
+    (['-m', 'util_scripts.export', 'save_1.pth', '--output', 'x.onnx', '--quantize', 'int8'],
+     '--quantize int8 needs --calibration ANNOTATION'),
 ])
 def test_option_errors_answer_in_one_line_before_torch(command, needle):
     code, out, err, modules = imported_modules(*command)

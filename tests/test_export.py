@@ -1,10 +1,14 @@
 """util_scripts.export: ONNX (dynamo exporter), TorchScript and torch.export
 files of a trained ResNet and R(2+1)D, each checked against the PyTorch model,
-with the class names and input settings stored; predict.py on the .onnx file."""
+with the class names and input settings stored; predict.py on the .onnx file;
+--quantize int8: the quantized file, its agreement with fp32, its refusal."""
 import contextlib
 import io
 import json
+import re
+from collections import Counter
 
+import onnx
 import pytest
 import torch
 
@@ -117,3 +121,154 @@ def test_predict_runs_the_onnx_file(checkpoints, exports, tiny_synthetic, capsys
     assert worst <= 1e-5
     assert all([e['label'] for e in mine['results'][v]] ==
                [e['label'] for e in theirs['results'][v]] for v in mine['results'])
+
+
+# ----------------------------------------------------------------------------- --quantize int8
+
+INT8_CLIPS = ('--calibration_clips', '16')  # few: the tests' time
+AGREEMENT_LINE = re.compile(r'top-1 agreement with fp32: ([\d.]+)% \((\d+)/(\d+) clips of (\d+) validation '
+                            r'videos; --min_agreement 98.0%\); validation video accuracy: fp32 ([\d.]+)%, '
+                            r'int8 ([\d.]+)%')
+TIME_LINE = re.compile(r'time per clip at batch 1, onnxruntime on (\d+) thread\(s\): fp32 ([\d.]+) ms, '
+                       r'int8 ([\d.]+) ms: (int8 is [\d.]+x as fast|int8 is NOT faster on this CPU)')
+
+
+@pytest.fixture(scope='module')
+def int8_export(tiny_synthetic, tmp_path_factory):
+    """resnet-10 at width 1/4 trained 20 epochs (about 90% training accuracy,
+    confident logits; 4 s), quantized on 16 clips: (checkpoint, int8 file,
+    export's report, what it printed)."""
+    video_path, annotation_path = tiny_synthetic
+    result = tmp_path_factory.mktemp('int8_run')
+    with pytest.MonkeyPatch.context() as patch:
+        skip_curves(patch)
+        main.main(tiny_args(video_path, annotation_path, result, '--n_epochs', '20', '--no_val'))
+    output = tmp_path_factory.mktemp('int8') / 'model_int8.onnx'
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        report = export.main([str(result / 'save_20.pth'), '--output', str(output), '--quantize', 'int8',
+                              '--calibration', str(annotation_path), *INT8_CLIPS])
+    return result / 'save_20.pth', output, report, printed.getvalue()
+
+
+def _weights_of(graph, node):
+    """The int8 weight initializer and its scales behind a quantized Conv's weight input."""
+    produced_by = {out: n for n in graph.node for out in n.output}
+    initializers = {t.name: t for t in graph.initializer}
+    dequantize = produced_by[node.input[1]]
+    assert dequantize.op_type == 'DequantizeLinear'
+    return initializers[dequantize.input[0]], onnx.numpy_helper.to_array(initializers[dequantize.input[1]])
+
+
+def test_int8_file_is_quantized_keeps_the_metadata_and_agrees(int8_export):
+    checkpoint, output, report, printed = int8_export
+    print(f'\n{printed.strip()}')
+    assert [p.name for p in output.parent.iterdir()] == [output.name]  # no temporary left
+    model = onnx.load(str(output))
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops['QuantizeLinear'] > 0 and ops['DequantizeLinear'] > ops['QuantizeLinear']
+    convs = [n for n in model.graph.node if n.op_type == 'Conv']
+    assert len(convs) == 12  # resnet-10: stem, 4 stages of 2 blocks of 2 (type B: 3 shortcuts)
+    for conv in convs:
+        weight, scales = _weights_of(model.graph, conv)
+        assert weight.data_type == onnx.TensorProto.INT8
+        assert scales.shape == (weight.dims[0],)  # one scale per output channel
+    activation_points = [t for t in model.graph.initializer if t.name.endswith('_zero_point')
+                         and t.data_type == onnx.TensorProto.UINT8]
+    assert len(activation_points) >= len(convs)
+    classifier = OnnxClassifier(output)  # predict.py's reader of the metadata
+    assert classifier.class_names == torch.load(checkpoint, weights_only=True)['class_names']
+    assert (classifier.options.sample_size, classifier.options.sample_duration) == (32, 8)
+    assert json.loads({p.key: p.value for p in model.metadata_props}['quantization'])['format'] == 'QDQ'
+    # what it printed is what it measured
+    assert 'calibrated on 16 clips of 16 training videos' in printed
+    assert report.difference <= 1e-4 and f'largest difference from PyTorch {report.difference:.2g}' in printed
+    agreement, agreeing, n_clips, n_videos, fp32_accuracy, int8_accuracy = AGREEMENT_LINE.search(printed).groups()
+    assert (int(n_clips), int(n_videos)) == (report.n_clips, 12) == (24, 12)  # 2 clips a video
+    assert float(agreement) == pytest.approx(100 * report.agreement, abs=0.05)
+    assert int(agreeing) == round(report.agreement * 24) and report.agreement >= 0.98
+    assert float(fp32_accuracy) == pytest.approx(100 * report.fp32_accuracy, abs=0.05)
+    assert float(int8_accuracy) == pytest.approx(100 * report.int8_accuracy, abs=0.05)
+    threads, fp32_ms, int8_ms, verdict = TIME_LINE.search(printed).groups()
+    assert int(threads) == report.threads >= 1
+    assert float(fp32_ms) == pytest.approx(1e3 * report.fp32_seconds, abs=0.05)
+    assert ('NOT faster' in verdict) == (report.int8_seconds >= report.fp32_seconds)
+
+
+def _near_tied(checkpoint, path):
+    """The checkpoint with classifier rows that differ by 1e-4 of their size:
+    logits whose differences fall under int8's step, so that int8's top-1 is
+    rarely fp32's."""
+    state = torch.load(checkpoint, weights_only=True)
+    weight = state['state_dict']['fc.weight']
+    state['state_dict']['fc.weight'] = weight.mean(0, keepdim=True) + 1e-4 * weight
+    state['state_dict']['fc.bias'] = torch.zeros_like(state['state_dict']['fc.bias'])
+    torch.save(state, path)
+    return path
+
+
+def test_int8_under_min_agreement_writes_nothing(checkpoints, tiny_synthetic, tmp_path_factory):
+    _, annotation_path = tiny_synthetic
+    tied = _near_tied(checkpoints['resnet'], tmp_path_factory.mktemp('tied') / 'tied.pth')
+    folder = tmp_path_factory.mktemp('refused')
+    with pytest.raises(SystemExit) as e:
+        export.main([str(tied), '--output', str(folder / 'model_int8.onnx'), '--quantize', 'int8',
+                     '--calibration', str(annotation_path), *INT8_CLIPS])
+    message = str(e.value.code)
+    print(f'\n{message}')
+    found = re.fullmatch(r'error: the int8 top-1 agrees with fp32 on ([\d.]+)% of the validation clips '
+                         r'\((\d+)/24, .*\), under --min_agreement 98.0%: not written '
+                         r'\(video accuracy fp32 [\d.]+%, int8 [\d.]+%\)', message)
+    assert found is not None and float(found.group(1)) < 98.0 and '\n' not in message
+    assert list(folder.iterdir()) == []
+
+
+def test_int8_bad_calibration_or_video_path_names_it(checkpoints, tiny_synthetic, tmp_path, capsys):
+    _, annotation_path = tiny_synthetic
+    args = [str(checkpoints['resnet']), '--output', str(tmp_path / 'm.onnx'), '--quantize', 'int8']
+    missing = tmp_path / 'missing.json'
+    with pytest.raises(SystemExit) as e:
+        export.main([*args, '--calibration', str(missing)])
+    assert e.value.code == 2
+    assert f'annotation file {missing} not found: check --calibration' in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        export.main([*args, '--calibration', str(annotation_path), '--video_path', str(tmp_path / 'nowhere')])
+    assert e.value.code == 2 and f'{tmp_path / "nowhere"} (--video_path) is not a folder' in capsys.readouterr().err
+    for wrong, says in ((['--calibration', str(annotation_path), '--output', str(tmp_path / 'm.pt')],
+                         'give an .onnx --output'),
+                        ([], 'needs --calibration'),
+                        (['--calibration', str(annotation_path), '--min_agreement', '2'], 'within 0..1')):
+        with pytest.raises(SystemExit) as e:
+            export.main([*args, *wrong])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_predict_runs_the_int8_file(int8_export, tiny_synthetic, tmp_path, capsys):
+    """The same output as with the checkpoint, top-1 labels and accuracy those
+    export measured (--n_clips 2, center crop: export's validation clips)."""
+    checkpoint, output, report, _ = int8_export
+    video_path, annotation_path = tiny_synthetic
+    folder = tmp_path / 'validation'
+    folder.mkdir()
+    for video_id, entry in json.loads(annotation_path.read_text())['database'].items():
+        if entry['subset'] == 'validation':
+            (folder / video_id).symlink_to(video_path / entry['annotations']['label'] / video_id)
+    args = [str(folder), '--topk', '0', '--json', '--n_clips', '2', '--crop', 'center', '--n_threads', '0',
+            '--no_progress', '--annotation_path', str(annotation_path)]
+    printed = {}
+    for name, model in (('fp32', checkpoint), ('int8', output)):
+        assert predict.main([str(model), *args]) == 0
+        out, err = capsys.readouterr()
+        printed[name] = (json.loads(out), float(re.search(r'top-1 accuracy: ([\d.]+)', err).group(1)))
+    (fp32, fp32_accuracy), (int8, int8_accuracy) = printed['fp32'], printed['int8']
+    assert int8.keys() == fp32.keys() == {'results', 'views'} and int8['views'] == fp32['views']
+    assert len(int8['results']) == 12
+    for video, entries in int8['results'].items():
+        assert sorted(e['label'] for e in entries) == sorted(e['label'] for e in fp32['results'][video])
+        assert entries[0]['label'] == fp32['results'][video][0]['label']
+    worst = max(abs(a['score'] - b['score']) for v in fp32['results']
+                for a, b in zip(sorted(fp32['results'][v], key=lambda e: e['label']),
+                                sorted(int8['results'][v], key=lambda e: e['label'])))
+    print(f'\npredict, checkpoint vs int8 .onnx: largest score difference {worst:.3g}, top-1 accuracy '
+          f'{fp32_accuracy:.4f} and {int8_accuracy:.4f}')
+    assert (fp32_accuracy, int8_accuracy) == pytest.approx((report.fp32_accuracy, report.int8_accuracy), abs=1e-4)
