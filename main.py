@@ -200,7 +200,8 @@ def restore(opt, ctx, record, checkpoint):
     """The model with its weights (pretrained, or resumed from `checkpoint`, the
     one at record.resume_path) and its frozen modules. Completes the run record."""
     torch.manual_seed(opt.manual_seed)
-    model = build_model(opt, record.n_classes, pretrained=record.resume_path is None)
+    model = build_model(opt, record.n_classes, pretrained=record.resume_path is None,
+                        report=lambda line: log(ctx, line))
     if checkpoint is not None:
         ckpt.load_resumed_weights(model, checkpoint, opt, record)
     elif opt.no_train and opt.inference_weights == 'ema':

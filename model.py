@@ -6,19 +6,22 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
+from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet, x3d
 from models.resnet import DepthError
 from utils.checkpoint import load_checkpoint, strip_module_prefix
 from utils.distributed import convert_sync_batchnorm, ddp_options, unwrap
 from utils.errors import OptionError
+from utils.inflate import check_depth_2d, inflate_into, load_2d_state_dict, refuse_family
 
 
 @dataclass(frozen=True)
 class Family:
     """A network family: its builder and the options that map to the builder's own
-    keyword arguments (every family also takes the stem arguments of `_stem`)."""
+    keyword arguments (a ResNet-style family, resnet_stem, also takes model_depth and
+    the stem arguments of `_stem`; the others n_input_channels only)."""
     build: Callable[..., nn.Module]
     own_arguments: Callable[[object], dict]
+    resnet_stem: bool = True
 
 
 def _shortcut(opt):
@@ -36,6 +39,7 @@ FAMILIES = {
     'resnext': Family(resnext.generate_model, lambda opt: dict(
         _shortcut(opt), cardinality=opt.resnext_cardinality)),
     'densenet': Family(densenet.generate_model, lambda opt: {}),
+    'x3d': Family(x3d.generate_model, lambda opt: dict(size=opt.x3d_size), resnet_stem=False),
 }
 MODEL_CHOICES = tuple(FAMILIES) + tuple(torchvision_video.TORCHVISION_MODELS)
 
@@ -55,6 +59,9 @@ def generate_model(opt, n_classes=None):
     if name not in FAMILIES:
         raise OptionError(f'--model {name} is unknown; choose one of {", ".join(MODEL_CHOICES)}')
     family = FAMILIES[name]
+    if not family.resnet_stem:
+        return family.build(n_classes=n_classes, n_input_channels=opt.n_input_channels,
+                            **family.own_arguments(opt))
     try:
         return family.build(opt.model_depth, n_classes=n_classes, **_stem(opt),
                             **family.own_arguments(opt))
@@ -66,7 +73,7 @@ def generate_model(opt, n_classes=None):
 def classifier_name(model_name):
     if model_name in torchvision_video.TORCHVISION_MODELS:
         return torchvision_video.classifier_name(model_name)
-    return 'classifier' if model_name == 'densenet' else 'fc'
+    return {'densenet': 'classifier', 'x3d': x3d.CLASSIFIER}.get(model_name, 'fc')
 
 
 def replace_classifier(model, model_name, n_classes):
@@ -97,8 +104,9 @@ def load_state_dict_checked(model, state_dict, source, opt=None):
     if not (missing or unexpected or mismatched):
         model.load_state_dict(state_dict, strict=True)
         return
+    size = ('x3d_size', 'model_depth')[getattr(opt, 'model', None) != 'x3d']
     lines = [f'{source} does not match --model {getattr(opt, "model", "?")} '
-             f'--model_depth {getattr(opt, "model_depth", "?")}:']
+             f'--{size} {getattr(opt, size, "?")}:']
     for label, keys in (('missing', missing), ('unexpected', unexpected)):
         if keys:
             lines.append(f'  {len(keys)} {label} keys: {", ".join(keys[:8])}'
@@ -114,7 +122,8 @@ def _mismatch_hints(model, state_dict, opt):
     if opt is None:
         return hints
     cls = classifier_name(opt.model) + '.weight'
-    if cls in state_dict:
+    own_cls = model.state_dict().get(cls)
+    if cls in state_dict and (own_cls is None or own_cls.shape != state_dict[cls].shape):
         n = state_dict[cls].shape[0]
         hints.append(f'  hint: this checkpoint has {n} classes: use --n_pretrain_classes {n} '
                      f'(with --pretrain_path) or --n_classes {n} (with --resume_path)')
@@ -129,15 +138,20 @@ def _mismatch_hints(model, state_dict, opt):
     if w is not None and own_w is not None and w.shape != own_w.shape:
         hints.append(f'  hint: the checkpoint\'s conv1 is {tuple(w.shape)} (out, in, t, h, w): '
                      f'check --conv1_t_size, --input_type and --resnet_widen_factor')
+    sizes = x3d.sizes_matching(state_dict) if opt.model == 'x3d' else None
+    if sizes and opt.x3d_size not in sizes:
+        hints.append(f'  hint: the checkpoint is the network of X3D-{"/".join(s.upper() for s in sizes)}: '
+                     f'use --x3d_size {" or ".join(sizes)}')
     return hints
 
 
 def load_pretrained_model(opt, n_classes):
-    """--pretrain_path: a predecessor checkpoint (dict with 'state_dict') or a bare
-    state_dict, built for --n_pretrain_classes (0: as many as its classifier
-    has); the classifier is then replaced by one with n_classes outputs."""
+    """--pretrain_path: a predecessor checkpoint (dict with 'state_dict'), one of
+    PyTorchVideo's (its weights under 'model_state') or a bare state_dict, built
+    for --n_pretrain_classes (0: as many as its classifier has); the classifier
+    is then replaced by one with n_classes outputs."""
     ckpt = load_checkpoint(opt.pretrain_path)
-    state_dict = strip_module_prefix(ckpt['state_dict'] if 'state_dict' in ckpt else ckpt)
+    state_dict = strip_module_prefix(next((ckpt[k] for k in ('state_dict', 'model_state') if k in ckpt), ckpt))
     head = state_dict.get(classifier_name(opt.model) + '.weight')
     n_pretrain = opt.n_pretrain_classes or (head.shape[0] if head is not None else n_classes)
     model = generate_model(opt, n_classes=n_pretrain)
@@ -145,12 +159,32 @@ def load_pretrained_model(opt, n_classes):
     return replace_classifier(model, opt.model, n_classes)
 
 
-def build_model(opt, n_classes, pretrained=True):
-    """The network ready for training: pretrained weights loaded if asked (not
-    when resuming, whose checkpoint replaces them: pretrained=False), the
-    classifier sized for n_classes (the run's: main.py's run record)."""
+def load_inflated_model(opt, n_classes, report=None):
+    """--inflate_from: a new network whose kernels and BatchNorm come from a 2D
+    ImageNet ResNet (utils/inflate.py); its classifier keeps its fresh init.
+    report(line) gets the one line saying what came from where."""
+    refuse_family(opt.model)
+    state_2d = load_2d_state_dict(opt.inflate_from)
+    check_depth_2d(state_2d, opt.model_depth, opt.inflate_from)
+    model = generate_model(opt, n_classes=n_classes)
+    source = f'--inflate_from {opt.inflate_from}'
+    inflation = inflate_into(model, state_2d, source, opt.model, classifier_name(opt.model))
+    if report is not None:
+        note = '' if opt.mean_dataset == 'imagenet' else \
+            '; ImageNet weights expect ImageNet-normalised input: --mean_dataset imagenet'
+        report(inflation.summary(source) + note)
+    return model
+
+
+def build_model(opt, n_classes, pretrained=True, report=None):
+    """The network ready for training: pretrained or inflated weights loaded if
+    asked (not when resuming, whose checkpoint replaces them: pretrained=False),
+    the classifier sized for n_classes (the run's: main.py's run record).
+    report(line): where one line on the inflation goes."""
     if opt.pretrain_path is not None and pretrained:
         return load_pretrained_model(opt, n_classes)
+    if opt.inflate_from is not None and pretrained:
+        return load_inflated_model(opt, n_classes, report)
     return generate_model(opt, n_classes=n_classes)
 
 
@@ -161,10 +195,13 @@ def freeze_before(model, ft_begin_module):
     if not ft_begin_module:
         return ()
     names = [name for name, _ in _top_level_modules(model)]
-    if ft_begin_module not in names:
+    # A parent of listed modules (x3d's blocks.5) begins at its first one.
+    begin = next((i for i, name in enumerate(names) if name == ft_begin_module
+                  or name.startswith(ft_begin_module + '.')), None)
+    if begin is None:
         raise OptionError(f'--ft_begin_module {ft_begin_module} is not a module of this model; '
                          f'choose one of {", ".join(names)}')
-    frozen = names[:names.index(ft_begin_module)]
+    frozen = names[:begin]
     for name, module in _top_level_modules(model):
         if name in frozen:
             module.requires_grad_(False)
@@ -182,10 +219,15 @@ def keep_frozen_eval(model, frozen_modules):
 
 def _top_level_modules(model):
     # DenseNet keeps its layers under `features`; the predecessor's rule names
-    # them (denseblock1, ...) as if they were top level.
+    # them (denseblock1, ...) as if they were top level. X3D's are blocks.0 ..
+    # blocks.4 and the head's pool and proj (blocks.5.proj alone: a linear probe);
+    # its dropout is left out, so that a frozen pool never switches it off.
     for name, module in model.named_children():
         if name == 'features' and isinstance(module, nn.Sequential):
             yield from module.named_children()
+        elif name == 'blocks' and isinstance(model, x3d.X3D):
+            yield from ((f'blocks.{i}', block) for i, block in enumerate(module[:-1]))
+            yield from ((f'blocks.{len(module) - 1}.{part}', getattr(module[-1], part)) for part in ('pool', 'proj'))
         else:
             yield name, module
 

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from models.x3d_sizes import SIZES as X3D_SIZES
 from utils.cli import Parser
 
 # Used when --dataset synthetic and the option was not given: a small network
@@ -35,6 +36,12 @@ SYNTHETIC_DEFAULTS = dict(
     inference_stride=4,
 )
 
+# Used with --model x3d when the option was not given (not with --dataset synthetic,
+# whose tiny clips win): the clip each X3D size was trained on and the frame stride
+# of PyTorchVideo's Kinetics recipes for it (models/x3d_sizes.py: torch-free).
+X3D_DEFAULTS = {name: dict(sample_duration=size.clip_length, sample_size=size.crop_size,
+                           sample_t_stride=size.frame_stride) for name, size in X3D_SIZES.items()}
+
 
 def _add(parser, name, **kwargs):
     """Adds --a_b with the alias --a-b."""
@@ -52,7 +59,7 @@ def build_parser():
     g = p.add_argument_group('paths')
     _add(g, '--root_path', default=None, type=Path,
          help='If set, prefixed to video_path, annotation_path, result_path, '
-              'resume_path and pretrain_path')
+              'resume_path, pretrain_path and inflate_from')
     _add(g, '--video_path', default=None, type=Path,
          help='Root of the frame folders (jpg) or hdf5 files')
     _add(g, '--annotation_path', default=None, type=Path,
@@ -96,8 +103,8 @@ def build_parser():
     _add(g, '--train_t_crop', default='random', type=str, choices=['random', 'center'],
          help='Temporal crop in training')
     _add(g, '--mean_dataset', default='kinetics', type=str,
-         choices=['kinetics', 'activitynet', '0.5'],
-         help='Normalisation statistics')
+         choices=['kinetics', 'activitynet', '0.5', 'imagenet'],
+         help='Normalisation statistics (imagenet: those ImageNet weights, --inflate_from, expect)')
     _add(g, '--no_mean_norm', action='store_true', help='Do not subtract the mean')
     _add(g, '--no_std_norm', action='store_true', help='Do not divide by the std')
     _add(g, '--value_scale', default=1, type=int,
@@ -112,6 +119,11 @@ def build_parser():
     _add(g, '--accimage', action='store_true',
          help='Accepted for compatibility and ignored: frames are decoded with '
               'simplejpeg (libjpeg-turbo), a whole clip at once, at the scale the crop needs')
+    _add(g, '--inflate_from', default=None, type=Path, metavar='PATH',
+         help='Start a new run from a 2D ImageNet ResNet state dict (torchvision or timm; .pth, or '
+              '.safetensors with the safetensors package): its kernels inflated over time (I3D), '
+              'BatchNorm copied, the classifier new; --model resnet at the file\'s depth. Not with '
+              '--pretrain_path; a resumed run takes the checkpoint\'s weights')
 
     g = p.add_argument_group('optimisation')
     _add(g, '--learning_rate', default=0.1, type=float,
@@ -209,7 +221,7 @@ def build_parser():
 
     g = p.add_argument_group('model')
     _add(g, '--model', default='resnet', type=str,
-         help='resnet, resnet2p1d, preresnet, wideresnet, resnext, densenet')
+         help='resnet, resnet2p1d, preresnet, wideresnet, resnext, densenet, x3d')
     _add(g, '--model_depth', default=18, type=int, help='Depth of the network')
     _add(g, '--conv1_t_size', default=7, type=int, help='Temporal kernel size of conv1')
     _add(g, '--conv1_t_stride', default=1, type=int, help='Temporal stride of conv1')
@@ -220,6 +232,12 @@ def build_parser():
          help='Channel multiplier of resnet and resnet2p1d')
     _add(g, '--wide_resnet_k', default=2, type=int, help='Width of wideresnet')
     _add(g, '--resnext_cardinality', default=32, type=int, help='Groups of resnext')
+    _add(g, '--x3d_size', default='s', type=str, choices=list(X3D_DEFAULTS),
+         help='Size of x3d (instead of --model_depth; the conv1 and resnet options do not apply). '
+              'Its training clip and frame stride (' + ', '.join(
+                  f'{name} {d["sample_duration"]}x{d["sample_size"]} every {d["sample_t_stride"]}th frame'
+                  for name, d in X3D_DEFAULTS.items()) + ') are the defaults of --sample_duration, '
+              '--sample_size and --sample_t_stride, but with --dataset synthetic')
 
     g = p.add_argument_group('training recipe (all off by default)')
     _add(g, '--label_smoothing', default=0.0, type=float,
@@ -276,7 +294,8 @@ def build_parser():
     return p
 
 
-PATH_OPTIONS = ('video_path', 'annotation_path', 'result_path', 'resume_path', 'pretrain_path')
+PATH_OPTIONS = ('video_path', 'annotation_path', 'result_path', 'resume_path', 'pretrain_path',
+                'inflate_from')
 
 
 def _resolve_paths(opt):
@@ -325,6 +344,9 @@ def _check(opt):
         _fail('--inference_n_clips must be at least 0 and --ft_lr_ratio positive')
     if opt.checkpoint_steps < 0 or opt.keep_last < 0:
         _fail('--checkpoint_steps and --keep_last must be 0 (off) or positive')
+    if opt.inflate_from is not None and opt.pretrain_path is not None:
+        _fail('--inflate_from and --pretrain_path both give the starting weights: keep one '
+              '(--inflate_from for a 2D ImageNet ResNet, --pretrain_path for a 3D checkpoint)')
     _check_recipe(opt)
 
 
@@ -393,13 +415,16 @@ def parse_opts(argv=None):
         # Re-parse so that options the user gave (and an opts file) win over the presets.
         parser.set_defaults(**{**SYNTHETIC_DEFAULTS, **from_file})
         opt = parser.parse_args(argv)
+    elif opt.model == 'x3d':
+        parser.set_defaults(**{**X3D_DEFAULTS[opt.x3d_size], **from_file})
+        opt = parser.parse_args(argv)
     _resolve_paths(opt)
     _check(opt)
     if opt.nesterov:
         opt.dampening = 0.0
     if opt.inference_batch_size == 0:
         opt.inference_batch_size = opt.batch_size
-    opt.arch = f'{opt.model}-{opt.model_depth}'
+    opt.arch = f'{opt.model}-{opt.x3d_size if opt.model == "x3d" else opt.model_depth}'
     opt.n_input_channels = 2 if opt.input_type == 'flow' else 3
     return opt
 

@@ -15,15 +15,15 @@ from utils.errors import OptionError
 def options(**kw):
     base = dict(model='resnet', model_depth=10, n_classes=5, n_input_channels=3,
                 conv1_t_size=3, conv1_t_stride=1, no_max_pool=False, resnet_shortcut='B',
-                resnet_widen_factor=0.25, wide_resnet_k=1, resnext_cardinality=4,
-                pretrain_path=None, n_pretrain_classes=0)
+                resnet_widen_factor=0.25, wide_resnet_k=1, resnext_cardinality=4, x3d_size='xs',
+                pretrain_path=None, n_pretrain_classes=0, inflate_from=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
 
 FAMILIES = [('resnet', 10), ('resnet2p1d', 10), ('preresnet', 10), ('wideresnet', 50),
             ('resnext', 50), ('densenet', 121), ('r3d_18', 18), ('mc3_18', 18),
-            ('r2plus1d_18', 18)]
+            ('r2plus1d_18', 18), ('x3d', None)]
 
 
 HEAVY_FAMILIES = {'densenet', 'wideresnet', 'resnext', 'r2plus1d_18', 'r3d_18', 'mc3_18'}  # seconds each: `slow`

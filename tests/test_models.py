@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torchvision
 
 import model as model_builder
-from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet
+from models import densenet, pre_act_resnet, resnet, resnet2p1d, resnext, torchvision_video, wide_resnet, x3d
 from models.resnet import ZeroPadShortcut
 from tests.conftest import OneStageResNet
 from utils.flops import count_gflops, count_parameters
@@ -203,6 +203,7 @@ SMALL_MODELS = {
     'r2plus1d_18': lambda **kw: torchvision_video.generate_model('r2plus1d_18', **kw),
     's3d': lambda **kw: torchvision_video.generate_model('s3d', **kw),
     'swin3d_t': lambda **kw: torchvision_video.generate_model('swin3d_t', **kw),
+    'x3d-xs': lambda **kw: x3d.generate_model('xs', **kw),  # full width: 0.1 GFLOPs at 8x32x32
 }
 
 
@@ -235,7 +236,7 @@ def test_training_step_updates_all_parameters():
 
 
 @pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY_MODELS else n
-                                  for n in ['resnet-10', 'resnet2p1d-18', 'preresnet-18', 'densenet-121',
+                                  for n in ['resnet-10', 'resnet2p1d-18', 'preresnet-18', 'densenet-121', 'x3d-xs',
                                             'r3d_18', 'r2plus1d_18', 's3d', 'swin3d_t']])
 def test_flow_input(name):
     """Two-channel (optical flow) input."""

@@ -5,10 +5,11 @@ forward+backward time of the networks.
         --sample_size 112 --sample_duration 16 --time
 
 Model names are `<family>-<depth>` (families: resnet, resnet2p1d, preresnet,
-wideresnet, resnext, densenet; predecessor's default options) or a
-torchvision video model name (r3d_18, mc3_18, r2plus1d_18, s3d, mvit_v2_s,
-swin3d_t). GFLOPs count a multiply-add as 2 FLOPs (see utils/flops.py):
-twice the "GFLOPS" that torchvision publishes.
+wideresnet, resnext, densenet; predecessor's default options), `x3d-<size>`
+(xs, s, m, l: measure each at its own clip, e.g. --sample_duration 4
+--sample_size 160 for x3d-xs) or a torchvision video model name (r3d_18,
+mc3_18, r2plus1d_18, s3d, mvit_v2_s, swin3d_t). GFLOPs count a multiply-add
+as 2 FLOPs (see utils/flops.py): twice the "GFLOPS" that torchvision publishes.
 """
 import argparse
 import statistics
@@ -19,6 +20,7 @@ import torch.nn as nn
 
 import model as model_builder
 from models import torchvision_video
+from models.x3d_sizes import X3D_CLIPS
 from opts import build_parser
 from utils.cli import Parser
 from utils.flops import count_gflops, count_parameters
@@ -35,12 +37,16 @@ def build(name: str, n_classes: int, n_input_channels: int) -> nn.Module:
     """The network main.py builds for --model/--model_depth, with the other
     model options at their defaults."""
     opt = build_parser().parse_args([])
+    family, _, depth = name.rpartition('-')
     if name in torchvision_video.TORCHVISION_MODELS:
         opt.model = name
+    elif family == 'x3d':
+        if depth not in X3D_CLIPS:
+            raise SystemExit(f'unknown model {name!r}: X3D sizes are {", ".join(f"x3d-{s}" for s in X3D_CLIPS)}')
+        opt.model, opt.x3d_size = family, depth
     else:
-        family, _, depth = name.rpartition('-')
         if not depth.isdigit():
-            raise SystemExit(f'unknown model {name!r}: use <family>-<depth> or one of '
+            raise SystemExit(f'unknown model {name!r}: use <family>-<depth>, x3d-<size> or one of '
                              f'{torchvision_video.TORCHVISION_MODELS}')
         opt.model, opt.model_depth = family, int(depth)
     opt.n_input_channels = n_input_channels
