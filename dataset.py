@@ -44,13 +44,20 @@ INDEX_CACHE_DIR = 'data_index'
 CHECK_WAIT = datetime.timedelta(hours=24)  # ranks waiting for their node's frame check
 
 
+def synthetic_root(opt):
+    """Where --dataset synthetic keeps its set: --video_path, else data/synthetic
+    (under --root_path)."""
+    if opt.video_path is not None:
+        return Path(opt.video_path)
+    return Path(opt.root_path or '.') / DEFAULT_SYNTHETIC_ROOT
+
+
 def data_paths(opt, ctx):
     """(video_path, annotation_path) of the run. --dataset synthetic generates the
     data set once (video_path is its root, default data/synthetic)."""
     if opt.dataset != 'synthetic':
         return opt.video_path, opt.annotation_path
-    root = opt.video_path if opt.video_path is not None else \
-        (opt.root_path or Path('.')) / DEFAULT_SYNTHETIC_ROOT
+    root = synthetic_root(opt)
     if ctx.local_rank == 0:
         prepare_synthetic(root, seed=0)
     barrier(ctx)

@@ -104,7 +104,7 @@ def load_state_dict_checked(model, state_dict, source, opt=None):
     if not (missing or unexpected or mismatched):
         model.load_state_dict(state_dict, strict=True)
         return
-    size = ('x3d_size', 'model_depth')[getattr(opt, 'model', None) != 'x3d']
+    size = 'x3d_size' if getattr(opt, 'model', None) == 'x3d' else 'model_depth'
     lines = [f'{source} does not match --model {getattr(opt, "model", "?")} '
              f'--{size} {getattr(opt, size, "?")}:']
     for label, keys in (('missing', missing), ('unexpected', unexpected)):

@@ -178,6 +178,11 @@ def _complete(root: Path, params: dict) -> bool:
             and (root / 'jpg').is_dir())
 
 
+def synthetic_paths(root) -> tuple[str, str]:
+    """(video_path, annotation_path) of the synthetic set under ``root``."""
+    return str(Path(root) / 'jpg'), str(Path(root) / ANNOTATION_NAME)
+
+
 def prepare_synthetic(root, *, seed: int = 0, n_train_per_class: int = 40,
                       n_val_per_class: int = 10, n_test: int = 12, n_frames: int = 16,
                       frame_size: int = 40) -> tuple[str, str]:
@@ -194,7 +199,7 @@ def prepare_synthetic(root, *, seed: int = 0, n_train_per_class: int = 40,
               'n_train_per_class': int(n_train_per_class),
               'n_val_per_class': int(n_val_per_class), 'n_test': int(n_test),
               'n_frames': int(n_frames), 'frame_size': int(frame_size), 'classes': list(CLASSES)}
-    result = (str(root / 'jpg'), str(root / ANNOTATION_NAME))
+    result = synthetic_paths(root)
     if _complete(root, params):
         return result
     if n_frames < 2 or frame_size < 24:

@@ -14,6 +14,7 @@ import numpy as np
 import dataset as data
 from datasets.annotation import load_annotations, read_annotation
 from datasets.frame_check import check_videos
+from datasets.synthetic import synthetic_paths
 from datasets.videodataset import VideoClipDataset
 from utils.errors import DataError, OptionError
 
@@ -57,8 +58,7 @@ def video_root(video_path, options, checkpoint):
     """--video_path, else the folder the checkpoint's run read its videos from."""
     path = video_path if video_path is not None else options.video_path
     if video_path is None and options.dataset == 'synthetic':  # its video_path is the set's root
-        root = path if path is not None else Path(options.root_path or '.') / data.DEFAULT_SYNTHETIC_ROOT
-        path = Path(root) / 'jpg'
+        path = synthetic_paths(data.synthetic_root(options))[0]
     if path is None:
         raise OptionError(f'{checkpoint} stores no video_path: give --video_path, the folder of '
                           f'the --calibration annotation\'s videos')
