@@ -1,4 +1,6 @@
 """Stop signals: recorded by the handler, agreed by every rank, SLURM requeue."""
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -282,3 +284,45 @@ def test_loader_workers_leave_stop_signals_to_the_main_process():
     worker.join(timeout=10)
     assert worker.exitcode == 0
     del batches
+
+
+def _raised_in(filename, exc):
+    """exc_info of exc raised by code that claims to live in filename."""
+    try:
+        exec(compile('raise exc', filename, 'exec'), {'exc': exc})
+    except BaseException:
+        return sys.exc_info()
+
+
+def test_a_loader_worker_is_quiet_when_its_dead_main_process_resets_the_fd_sharing():
+    """A rank killed while its loader worker hands it a batch's file descriptor:
+    the worker's resource_sharer thread printed a ConnectionResetError traceback
+    (under the dead rank's prefix) beside the surviving rank's one-line error.
+    Other errors still print."""
+    import multiprocessing.resource_sharer
+
+    from utils.preemption import loader_worker_excepthook
+    reset = _raised_in(multiprocessing.resource_sharer.__file__, ConnectionResetError(104, 'reset'))
+    elsewhere = _raised_in('somewhere.py', ConnectionResetError(104, 'reset'))
+    other = _raised_in(multiprocessing.resource_sharer.__file__, ValueError('a real bug'))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        loader_worker_excepthook(*reset)
+        assert err.getvalue() == ''
+        loader_worker_excepthook(*elsewhere)
+        loader_worker_excepthook(*other)
+    assert err.getvalue().count('Traceback') == 2 and 'a real bug' in err.getvalue()
+
+
+class _WorkerHook(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        from utils.preemption import loader_worker_excepthook
+        return torch.tensor(sys.excepthook is loader_worker_excepthook)
+
+
+def test_shielded_loader_workers_install_the_quiet_hook():
+    loader = torch.utils.data.DataLoader(_WorkerHook(), num_workers=1, worker_init_fn=shield_loader_worker)
+    assert bool(next(iter(loader)))

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 
 import torch
@@ -92,6 +93,25 @@ def shield_loader_worker(worker_id=None):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
                      name='sigterm_from_main').start()
+    sys.excepthook = loader_worker_excepthook
+
+
+def loader_worker_excepthook(exc_type, exc, tb):
+    """multiprocessing's resource_sharer thread hands batches' file descriptors
+    to the main process and reports its errors through sys.excepthook. A main
+    process killed mid-handover (a dead rank) resets that connection; its own
+    death is reported where it happened, so the worker stays quiet about it."""
+    if issubclass(exc_type, ConnectionError) and _raised_in_resource_sharer(tb):
+        return
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+def _raised_in_resource_sharer(tb):
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(os.path.join('multiprocessing', 'resource_sharer.py')):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 @contextlib.contextmanager
