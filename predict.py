@@ -4,6 +4,7 @@
     python predict.py results/demo/save_15.pth folder_of_videos --topk 3 --json
     python predict.py results/demo/save_15.pth data_root --annotation_path own.json
     python predict.py results/demo/save_15.pth long.mp4 --timeline t.png --output_video out.mp4
+    python predict.py results/demo/save_15.pth --stream udp://127.0.0.1:5000
 
 VIDEO_OR_FOLDER is one video -- a video file (.mp4, .avi, .webm, .mkv), a
 folder of frames (image_00001.jpg, ...) or an hdf5 file -- or a folder of
@@ -15,6 +16,7 @@ score is the mean of their softmax. A video that cannot be read is reported
 and skipped; the others are classified, and the run ends with the list of
 failures and exit status 1. With true labels (--annotation_path, or class
 folders named like the checkpoint's classes) it also prints the accuracy.
+With --stream it classifies a live source as it plays instead (live.py).
 
 As a command it parses its arguments before anything else is imported: -h and
 every argument error answer at once, before torch is imported.
@@ -40,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument('checkpoint', type=Path,
                    help='save_<epoch>.pth written by main.py, or an .onnx file written by '
                         'util_scripts.export')
-    p.add_argument('video', type=Path, metavar='VIDEO_OR_FOLDER',
+    p.add_argument('video', type=Path, metavar='VIDEO_OR_FOLDER', nargs='?',
                    help='a video file, a frame folder, an hdf5 file, or a folder of them '
                         '(searched recursively: a data set root with class folders)')
     p.add_argument('--topk', type=int, default=5, help='classes printed per video (0: all)')
@@ -53,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument('--stride', type=int, default=0,
                    help='sliding-window stride in frames instead of --n_clips '
                         '(like --inference_stride); 0: use --n_clips (with --timeline or '
-                        '--output_video: windows side by side)')
+                        '--output_video: windows side by side; with --stream: half a window)')
     p.add_argument('--crop', default='center', choices=CROPS,
                    help='spatial views (like --inference_crop)')
     p.add_argument('--batch_size', type=int, default=16, help='views per forward pass')
@@ -74,8 +76,13 @@ def parse_args(argv=None):
     p.add_argument('--weights', default='raw', choices=['raw', 'ema'],
                    help='the trained weights, or their EMA (runs with --ema_decay)')
     p.add_argument('--no_cuda', action='store_true', help='run on the CPU')
+    add_stream_arguments(p)
+    p.add_argument('--device', default=None, choices=['cpu', 'cuda'],
+                   help='where the model runs (default: cuda if there is a GPU)')
+    p.add_argument('--half', action='store_true', help='fp16 autocast (needs --device cuda)')
     p.add_argument('--no_progress', action='store_true', help='no progress bar (on stderr)')
     args = p.parse_args(argv)
+    check_stream_args(p, args)
     if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1 or args.fps <= 0:
         p.error('--n_clips and --batch_size must be at least 1, --stride at least 0, '
                 '--fps positive')
@@ -84,6 +91,39 @@ def parse_args(argv=None):
     if args.output_video is not None and args.output_video.suffix != '.mp4':
         p.error(f'--output_video {args.output_video}: give an .mp4 file')
     return args
+
+
+def add_stream_arguments(p):
+    """--stream and the options of live sources (live.py)."""
+    p.add_argument('--stream', default=None, metavar='SOURCE',
+                   help='classify a live source as it plays instead (rtsp://, udp://, tcp://, '
+                        'http(s)://, /dev/video0, or - for a pipe on standard input): one line '
+                        'per window (see docs/live.md)')
+    p.add_argument('--smooth', type=int, default=1,
+                   help='--stream: the scores printed are the mean of the last K windows\'')
+    p.add_argument('--reconnect', type=int, default=3,
+                   help='--stream: times a network source that drops is reopened')
+    p.add_argument('--stream_timeout', type=float, default=10.0,
+                   help='--stream: seconds without data after which a source counts as dropped')
+    p.add_argument('--output_json', type=Path, default=None, metavar='PATH.jsonl',
+                   help='--stream: also write each window\'s line as JSON (one object a line)')
+
+
+def check_stream_args(p, args):
+    if (args.video is None) == (args.stream is None):
+        p.error('give a video (file, frame folder, hdf5 file or folder of them) or --stream SOURCE')
+    if args.half and args.device != 'cuda':
+        p.error('--half runs in fp16 on a GPU: give --device cuda too')
+    if args.stream is None:
+        if args.output_json is not None:
+            p.error('--output_json goes with --stream (for videos: --json)')
+        return
+    others = [name for name in ('timeline', 'output_video', 'extract_features', 'annotation_path')
+              if getattr(args, name) is not None] + (['json'] if args.json else [])
+    if others:
+        p.error(f'--{others[0]} is for videos, not with --stream (--output_json writes its lines)')
+    if args.smooth < 1 or args.reconnect < 0 or args.stream_timeout <= 0:
+        p.error('--smooth must be at least 1, --reconnect at least 0, --stream_timeout positive')
 
 
 if __name__ == '__main__':
@@ -309,7 +349,8 @@ def classify(dataset, model, device, args, failures, keep_views=False, feature_m
     ids = [r.video_id for r in dataset.records]
     batches = _good_batches(loader, ids, failures, not args.no_progress)
     to_device = ToDevice(device, dataset.spatial_transform.device_normalizer)
-    for batch in score_views(DeviceLoader(batches, to_device), model, feature_module=feature_module):
+    for batch in score_views(DeviceLoader(batches, to_device), model, amp=args.half, amp_dtype='fp16',
+                             feature_module=feature_module):
         scores.add(*batch)
     return scores
 
@@ -477,9 +518,33 @@ def check_annotation_path(path):
         raise DataError(f'annotation file {path} not found: check --annotation_path')
 
 
+def chosen_device(args):
+    if args.device is not None:
+        if args.device == 'cuda' and not torch.cuda.is_available():
+            raise OptionError('--device cuda: no GPU is visible to PyTorch here; leave --device out')
+        return torch.device(args.device)
+    return torch.device('cuda' if torch.cuda.is_available() and not args.no_cuda else 'cpu')
+
+
+def run_live(args):
+    """--stream: live.py's loop; its exit status."""
+    import live
+    model, options, class_names, device = load_model(args.checkpoint, None, chosen_device(args),
+                                                     args.weights)
+    if options.input_type != 'rgb':
+        raise OptionError(f'--stream classifies RGB frames; {args.checkpoint} takes '
+                          f'{options.input_type}')
+    settings = live.LiveSettings(stride=args.stride or live.default_stride(options),
+                                 smooth=args.smooth, topk=args.topk, crop=args.crop,
+                                 reconnect=args.reconnect, timeout=args.stream_timeout,
+                                 half=args.half)
+    return live.run_stream(args.stream, model, options, class_names, device, settings,
+                           args.output_json)
+
+
 def run(args, failures):
     check_annotation_path(args.annotation_path)
-    device = torch.device('cuda' if torch.cuda.is_available() and not args.no_cuda else 'cpu')
+    device = chosen_device(args)
     videos = find_inputs(args.video)
     if (args.timeline or args.output_video) and len(videos) != 1:
         raise OptionError(f'--timeline and --output_video take one video; {args.video} holds '
@@ -512,6 +577,12 @@ def run(args, failures):
 def main(argv=None, args=None):
     """args: the parsed command line (else parsed from argv)."""
     args = args if args is not None else parse_args(argv)
+    if args.stream is not None:
+        try:
+            return run_live(args)
+        except USER_ERRORS as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 2
     failures = {}
     try:
         videos, out, accuracy = run(args, failures)

@@ -37,8 +37,8 @@ from datasets.spatial_transforms import DCT_FACTORS
 from utils.errors import DataError
 
 __all__ = ['FrameIndex', 'VideoClip', 'VideoClipLoader', 'check_video_frames', 'container_frames',
-           'count_frames', 'iter_frames', 'read_video', 'reduced_size', 'scaled_size',
-           'scan_frame_index']
+           'count_frames', 'frame_array', 'iter_frames', 'new_scaler', 'read_video', 'reduced_size',
+           'scaled_size', 'scan_frame_index', 'upright_size']
 
 # Containers whose header frame count is the number of coded frames (a sample table).
 EXACT_COUNT_FORMATS = ('mov', 'mp4')
@@ -177,6 +177,32 @@ def _reduced_array(frame, factor: int, scaler: _Scaler, turns: int) -> np.ndarra
         array = scaler.reformat(frame, format='rgb24', width=width, height=height,
                                 interpolation='AREA').to_ndarray()
     return np.rot90(array, turns) if turns else array
+
+
+def upright_size(frame, short_side: int | None = None) -> tuple[int, int]:
+    """(height, width) of a decoded frame once turned upright (display matrix),
+    its short side made ``short_side`` if given: what a crop is planned from."""
+    turns = _quarter_turns(frame)
+    w, h = _stored_size(frame.width, frame.height, turns, short_side)
+    return (w, h) if turns % 2 else (h, w)
+
+
+def new_scaler(threads: int = 0) -> _Scaler:
+    """A scaler for :func:`frame_array` (keep one per reader: its contexts are reused)."""
+    return _Scaler(threads)
+
+
+def frame_array(frame, factor: int, scaler: _Scaler, short_side: int | None = None,
+                turns: int | None = None) -> np.ndarray:
+    """Upright RGB (H, W, 3) uint8 of a decoded frame at 1/factor of its size
+    (factor 1: at ``short_side`` if given): the one conversion of the frames of
+    video files (VideoClip.decode) and of live streams (datasets/live.py), so
+    that both give a model the same input."""
+    if turns is None:
+        turns = _quarter_turns(frame)
+    if factor == 1:
+        return _to_array(frame, short_side, scaler, turns=turns)
+    return _reduced_array(frame, factor, scaler, turns)
 
 
 def _stack(arrays: list[np.ndarray]) -> torch.Tensor:
@@ -801,10 +827,7 @@ class VideoClip:
 
     @property
     def frame_size(self) -> tuple[int, int]:
-        frame = self._peek()[1]
-        turns = _quarter_turns(frame)
-        w, h = _stored_size(frame.width, frame.height, turns, self.loader.short_side)
-        return (w, h) if turns % 2 else (h, w)
+        return upright_size(self._peek()[1], self.loader.short_side)
 
     def decode(self, factor: int = 1) -> torch.Tensor:
         if factor != 1 and factor not in self.factors:
@@ -816,10 +839,7 @@ class VideoClip:
         clip, filled, item = None, [], first
         while item is not None:
             p, frame = item
-            if factor == 1:
-                array = _to_array(frame, self.loader.short_side, scaler, turns=turns)
-            else:
-                array = _reduced_array(frame, factor, scaler, turns)
+            array = frame_array(frame, factor, scaler, self.loader.short_side, turns)
             if clip is None:
                 clip = np.empty((len(self._uniq), *array.shape), dtype=np.uint8)
             elif array.shape != clip.shape[1:]:

@@ -26,7 +26,7 @@ from datasets.loader import DeferredBatch, DeferredClip
 from datasets.spatial_transforms import ClipTransform
 from utils.errors import DataError
 
-__all__ = ['VideoClipDataset', 'VideoWindowDataset', 'BadVideo', 'collate']
+__all__ = ['VideoClipDataset', 'VideoWindowDataset', 'BadVideo', 'collate', 'make_clips']
 
 
 class BadVideo(NamedTuple):
@@ -110,7 +110,7 @@ def _deferred(loader, record: VideoRecord, index: int, union: list[int], clips, 
                         index)
 
 
-def _make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],
+def make_clips(frames: torch.Tensor, union: list[int], clips: Sequence[Sequence[int]],
                 spatial: Callable | None, multi: bool, plan=None, factor: int = 1) -> torch.Tensor:
     """Cut ``clips`` (lists of positions) out of ``frames`` (decoded ``union``,
     uint8 (U, C, H, W), at 1/factor for ``plan``) and transform them ->
@@ -188,7 +188,7 @@ class VideoClipDataset(Dataset):
             return _deferred(self.loader, record, i, union, clips, self.spatial_transform,
                              multi), record.label
         decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform, multi)
-        return _make_clips(decoded, union, clips, self.spatial_transform, multi, plan, factor), \
+        return make_clips(decoded, union, clips, self.spatial_transform, multi, plan, factor), \
             record.label
 
 
@@ -266,7 +266,7 @@ class VideoWindowDataset(Dataset):
         else:
             decoded, plan, factor = _decode(self.loader, record, union, self.spatial_transform,
                                             False)
-            clip = _make_clips(decoded, union, [positions], self.spatial_transform, False, plan,
+            clip = make_clips(decoded, union, [positions], self.spatial_transform, False, plan,
                                factor)
         start = sw.start(record.n_frames, k)
         end = min(start + sw.span, record.n_frames)

@@ -19,7 +19,8 @@ ENTRY_PACKAGES = ('util_scripts', 'bench', 'tests')
 # Exception classes outside utils/errors.py that are not user-facing errors:
 # a stop request that unwinds the run, and the models' depth check, which
 # model.py turns into an OptionError naming the option. (bench/ has its own.)
-NOT_USER_ERRORS = {('utils/preemption.py', 'Preempted'), ('models/resnet.py', 'DepthError')}
+NOT_USER_ERRORS = {('utils/preemption.py', 'Preempted'), ('models/resnet.py', 'DepthError'),
+                   ('util_scripts/stream_file.py', 'Stopped')}  # a signal, as control flow
 
 
 def _sources(exclude=('tests',)):

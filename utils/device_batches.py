@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from datasets.loader import DeferredBatch
-from datasets.videodataset import _make_clips
+from datasets.videodataset import make_clips
 from utils.errors import DataError
 
 
@@ -100,7 +100,7 @@ class BatchDecoder:
         clips = []
         for item, factor, frames in zip(batch, factors, decoded):
             with _continued(item.rng_state):
-                clips.append(_make_clips(frames, item.union, item.clips, self.spatial,
+                clips.append(make_clips(frames, item.union, item.clips, self.spatial,
                                          item.multi, item.plan, factor))
         return torch.stack(clips)
 

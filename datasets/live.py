@@ -1,0 +1,284 @@
+"""Live sources -- a camera, a network stream, a pipe -- read as they play.
+
+A reader thread decodes the source's frames as they arrive and converts each
+with the video loader's own conversion (datasets/video.frame_array, at the
+scale the eval crop plans: the frames a file of the same video would give),
+keeping the last ``span`` of them in a ring. Each frame that completes a
+window (every ``stride`` frames) puts the window into a one-slot mailbox. A
+consumer slower than the stream finds only the newest window there: the ones
+it could not serve are counted as skipped and their frames dropped with the
+ring, so the lag never grows.
+
+A network source that drops (end of data, an error, no data for ``timeout``
+seconds) is reopened with backoff up to ``reconnect`` times; windows never
+span the gap. Local files and http(s) files (not live themselves) are paced to
+their timestamps, so they play as a live source would.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from datasets.spatial_transforms import DCT_FACTORS
+from datasets.video import frame_array, new_scaler, upright_size
+from utils.errors import DataError
+from utils.urls import redact_url
+
+__all__ = ['LiveFrames', 'LiveWindow', 'open_source', 'is_reconnectable', 'source_name']
+
+NETWORK_SCHEMES = ('rtsp', 'rtsps', 'rtmp', 'udp', 'tcp', 'srt', 'http', 'https')
+# Sources that are live themselves: played as they come, never paced.
+_LIVE_SCHEMES = ('rtsp', 'rtsps', 'rtmp', 'udp', 'tcp', 'srt')
+
+
+def source_name(source: str) -> str:
+    """The source as it may be printed or written (no password)."""
+    return 'standard input' if source == '-' else redact_url(source)
+
+
+def _scheme(source: str) -> str | None:
+    head, sep, _ = source.partition('://')
+    return head.lower() if sep else None
+
+
+def is_reconnectable(source: str) -> bool:
+    return _scheme(source) in NETWORK_SCHEMES
+
+
+def _paced(source: str) -> bool:
+    """A file (local or over http) plays at its frame rate, as a live source would;
+    an HLS playlist is live (or paced by its server)."""
+    if source == '-' or source.startswith('/dev/'):
+        return False
+    scheme = _scheme(source)
+    if scheme in ('http', 'https'):
+        return '.m3u8' not in source
+    return scheme is None
+
+
+def _open_options(source: str, timeout: float) -> tuple[dict, str | None]:
+    """(FFmpeg options, format) for a live source: a read that gets no data for
+    ``timeout`` seconds fails (and the source is reopened) instead of hanging."""
+    us = str(int(timeout * 1e6))
+    scheme = _scheme(source)
+    # MPEG-TS has no header: FFmpeg would read 5 s of a live stream before the first frame
+    probe = {'analyzeduration': '1000000'} if scheme in _LIVE_SCHEMES or source == '-' else {}
+    if scheme in ('rtsp', 'rtsps'):
+        return {'rtsp_transport': 'tcp', 'timeout': us, **probe}, None
+    if scheme == 'udp':
+        return {'timeout': us, 'overrun_nonfatal': '1', 'fifo_size': '50000', **probe}, None
+    if scheme in NETWORK_SCHEMES:
+        return {'rw_timeout': us, **probe}, None
+    if source.startswith('/dev/video'):
+        return {}, 'v4l2'
+    return probe, None
+
+
+def open_source(source: str, timeout: float = 10.0):
+    """An open PyAV container of the source with a video stream, or a DataError
+    naming it (without its password)."""
+    import av
+    options, fmt = _open_options(source, timeout)
+    target = sys.stdin.buffer if source == '-' else source
+    try:
+        container = av.open(target, format=fmt, options=options, timeout=timeout)
+    except (av.FFmpegError, OSError) as e:
+        raise DataError(f'stream {source_name(source)} cannot be opened: '
+                        f'{redact_url(str(e))}') from None
+    if not container.streams.video:
+        container.close()
+        raise DataError(f'stream {source_name(source)} has no video stream')
+    return container
+
+
+def _seconds(frame) -> float:
+    return frame.time if frame.time is not None else time.monotonic()
+
+
+@dataclass
+class LiveWindow:
+    """The frames of one window: ``frames`` the sampled ones (every t_stride-th of
+    the span), uint8 (H, W, 3) at 1/factor for ``plan``."""
+    first_frame: int  # position of its first frame in the session (frames since the start)
+    frames: list
+    plan: object
+    factor: int
+    stream_time: float  # seconds of its last frame since the session's first
+    arrival: float  # time.monotonic() when its last frame was decoded
+
+
+class _Mailbox:
+    """One slot: a window put while another waits replaces it (counted as skipped)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.window = None
+        self.closed = False
+        self.skipped = 0
+
+    def put(self, window):
+        with self.cond:
+            if self.window is not None:
+                self.skipped += 1
+            self.window = window
+            self.cond.notify()
+
+    def close(self):
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+    def take(self):
+        """The newest window, or None once the reader ended and none is left."""
+        with self.cond:
+            while self.window is None and not self.closed:
+                self.cond.wait()
+            window, self.window = self.window, None
+            return window
+
+
+class _Converter:
+    """Frames as the video loader converts them, at the reduction the eval
+    crop's plan allows (planned again when the frame size changes)."""
+
+    def __init__(self, spatial, threads: int = 1):
+        self.spatial, self.scaler = spatial, new_scaler(threads)
+        self.size = self.plan = None
+        self.factor = 1
+
+    def __call__(self, frame) -> np.ndarray:
+        size = upright_size(frame)
+        if size != self.size:
+            self.size, self.plan = size, self.spatial.plan(size)
+            self.factor = 1 if self.plan is None else self.plan.reduction(DCT_FACTORS)
+        return frame_array(frame, self.factor, self.scaler)
+
+
+class LiveFrames:
+    """Decodes ``source`` in a thread (start()) into windows of ``span`` frames
+    every ``stride`` frames, sampled every ``t_stride``; ``next_window()`` blocks
+    for the newest one (None at the end). ``notes(text)`` is told of drops and
+    reconnects; ``ending`` says why the reader stopped ('end', 'lost', 'error')."""
+
+    def __init__(self, source, spatial, span, stride, t_stride=1, reconnect=3, timeout=10.0,
+                 notes=print, container=None):
+        self.source, self.span, self.stride, self.t_stride = source, span, stride, t_stride
+        self.reconnect, self.timeout, self.notes = reconnect, timeout, notes
+        self.convert = _Converter(spatial)
+        self.container = container if container is not None else open_source(source, timeout)
+        self.mailbox = _Mailbox()
+        self.frames_read = 0
+        self.gaps: list[float] = []  # seconds without frames, per reconnect
+        self.ending = None
+        self.error = None
+        self._t_offset = 0.0  # stream time of a connection's first frame in the session
+        self._read_error = False
+        self._thread = threading.Thread(target=self._run, name='live_reader', daemon=True)
+
+    @property
+    def frame_rate(self) -> float | None:
+        stream = self.container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        return float(rate) if rate else None
+
+    @property
+    def skipped(self) -> int:
+        return self.mailbox.skipped
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def next_window(self) -> LiveWindow | None:
+        return self.mailbox.take()
+
+    def _run(self):
+        try:
+            while True:
+                last = self._read_connection()
+                if not self._dropped():
+                    self.ending = 'end'
+                    return
+                if not self._reopen(last):
+                    self.ending = 'lost'
+                    return
+        except Exception as e:  # noqa: BLE001 - reported by the consumer, not a thread traceback
+            self.ending, self.error = 'error', f'{type(e).__name__}: {redact_url(str(e))}'
+        finally:
+            self.mailbox.close()
+
+    def _dropped(self) -> bool:
+        """Whether the connection just read dropped (to be reopened): an error on a
+        network source, or the end of a live one (a file over http ends)."""
+        if self._read_error:
+            return is_reconnectable(self.source)
+        return _scheme(self.source) in _LIVE_SCHEMES
+
+    def _frames(self):
+        """(frame, stream seconds since this connection's first frame) as decoded;
+        a drop (an FFmpeg or socket error) ends them like the end of the data."""
+        import av
+        stream = self.container.streams.video[0]
+        stream.thread_type = 'SLICE'  # frame threads would hold frames back (latency)
+        first, self._read_error = None, False
+        try:
+            decoded = (frame for packet in self.container.demux(stream) for frame in packet.decode())
+            for frame in decoded:
+                first = _seconds(frame) if first is None else first
+                yield frame, _seconds(frame) - first
+        except (av.FFmpegError, OSError) as e:
+            self._read_error = True
+            self.notes(f'stream {source_name(self.source)}: {redact_url(str(e))}')
+            try:  # the frames still in the decoder (B-frames) are the stream's too
+                for frame in stream.codec_context.decode(None):
+                    first = _seconds(frame) if first is None else first
+                    yield frame, _seconds(frame) - first
+            except (av.FFmpegError, OSError):
+                pass
+
+    def _read_connection(self) -> tuple[float, float] | None:
+        """Reads one connection to its end; (arrival, stream time) of its last frame."""
+        ring = collections.deque(maxlen=self.span)
+        start, pace_from, last = self.frames_read, None, None
+        for frame, t in self._frames():
+            if _paced(self.source):
+                pace_from = pace_from or time.monotonic()
+                delay = pace_from + t - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                elif delay < -1.0:  # fell behind (a slow source): pace from here on
+                    pace_from -= delay
+            last = (time.monotonic(), self._t_offset + t)
+            ring.append(self.convert(frame))
+            self.frames_read += 1
+            n = self.frames_read - start
+            if n >= self.span and (n - self.span) % self.stride == 0:
+                self.mailbox.put(LiveWindow(self.frames_read - self.span, list(ring)[::self.t_stride],
+                                            self.convert.plan, self.convert.factor, last[1], last[0]))
+        self.container.close()
+        return last
+
+    def _reopen(self, last) -> bool:
+        """The source opened again, with backoff; False after ``reconnect`` failures."""
+        lost_at = last[0] if last is not None else time.monotonic()
+        for attempt in range(1, self.reconnect + 1):
+            wait = min(0.5 * 2 ** (attempt - 1), 8.0)
+            self.notes(f'stream {source_name(self.source)} dropped: reconnecting in {wait:g} s '
+                       f'(attempt {attempt} of {self.reconnect})')
+            time.sleep(wait)
+            try:
+                self.container = open_source(self.source, self.timeout)
+            except DataError as e:
+                self.notes(str(e))
+                continue
+            gap = time.monotonic() - lost_at
+            self.gaps.append(gap)
+            self._t_offset = (last[1] if last is not None else self._t_offset) + gap
+            self.notes(f'stream {source_name(self.source)} reconnected after a gap of {gap:.1f} s')
+            return True
+        return False

@@ -1,0 +1,182 @@
+"""Classifying a live source as it plays (predict.py --stream).
+
+The frames come from datasets/live.py's reader thread, windows of the
+checkpoint's clip (``sample_duration`` frames every ``sample_t_stride``)
+every ``stride`` frames. Each window is cut, resized and normalized exactly as
+--inference does it (dataset.eval_views, datasets/videodataset.make_clips)
+and scored like predict.py's windows (inference.score_views); ``smooth``
+averages the last windows' scores. One line per window: the stream time of its
+last frame, the top classes, the latency from that frame's decoding to the
+result and the windows skipped so far (a model slower than the stream serves
+the newest window; the lag stays bounded).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import dataset as data
+from datasets.live import LiveFrames, source_name
+from datasets.temporal_transforms import clip_span
+from datasets.videodataset import make_clips
+from inference import score_views, topk_entries
+from utils.device_batches import ToDevice
+
+__all__ = ['LiveSettings', 'default_stride', 'run_stream']
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    stride: int  # frames between windows
+    smooth: int = 1  # windows averaged
+    topk: int = 5
+    crop: str = 'center'
+    reconnect: int = 3
+    timeout: float = 10.0  # seconds without data before a source counts as dropped
+    half: bool = False  # fp16 autocast (a GPU)
+
+
+@dataclass
+class Session:
+    """What the summary reports."""
+    latencies: list = field(default_factory=list)
+    top1: collections.Counter = field(default_factory=collections.Counter)
+    classified: int = 0
+
+
+def default_stride(options) -> int:
+    """Half a window's span (at least one frame)."""
+    return max(1, clip_span(options.sample_duration, options.sample_t_stride) // 2)
+
+
+def window_positions(options) -> list[int]:
+    """The window's sampled frames, as positions in its span."""
+    return list(range(options.sample_duration))
+
+
+class WindowScorer:
+    """A window's frames -> softmax over the classes (the mean over its crops),
+    through the same steps as predict.py's sliding windows."""
+
+    def __init__(self, model, options, device, crop, half):
+        self.model, self.device, self.half = model, device, half
+        _, self.spatial = data.eval_views(options, 0, 1, crop)
+        self.to_device = ToDevice(device, self.spatial.device_normalizer)
+        self.positions = window_positions(options)
+
+    def __call__(self, window) -> torch.Tensor:
+        frames = torch.from_numpy(np.stack(window.frames)).permute(0, 3, 1, 2)
+        clip = make_clips(frames, self.positions, [self.positions], self.spatial, False,
+                          window.plan, window.factor)
+        batch = [(self.to_device.clips(clip[None]), torch.tensor([0]),
+                  [torch.tensor([0]), torch.tensor([0])])]
+        (_, _, probs, _), = score_views(batch, self.model, amp=self.half, amp_dtype='fp16')
+        return probs[0].double().mean(0).float()
+
+    def time_per_window(self, frame_shape, repeats=2) -> float:
+        """Seconds per window after a warm-up pass, on a blank window."""
+        window = _blank_window(frame_shape, len(self.positions), self.spatial)
+        self(window)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            self(window)
+        return (time.perf_counter() - start) / repeats
+
+
+def _blank_window(frame_shape, n, spatial):
+    from datasets.live import LiveWindow
+    from datasets.spatial_transforms import DCT_FACTORS
+    plan = spatial.plan(frame_shape[:2])
+    factor = 1 if plan is None else plan.reduction(DCT_FACTORS)
+    h, w = (-(-d // factor) for d in frame_shape[:2])
+    return LiveWindow(0, [np.zeros((h, w, 3), np.uint8)] * n, plan, factor, 0.0, 0.0)
+
+
+def keep_up_line(per_window, stride, fps) -> str:
+    every = stride / fps
+    if per_window <= every:
+        return f'keeps up: {per_window:.3f} s per window, a window every {every:.3f} s'
+    return (f'cannot keep up: {per_window:.3f} s per window, a window every {every:.3f} s '
+            f'(windows will be skipped): use --stride {int(np.ceil(per_window * fps))} or more, '
+            f'or a smaller model')
+
+
+def format_window(t, entries, latency, skipped) -> str:
+    labels = ', '.join(f'{e["label"]} {e["score"]:.3f}' for e in entries)
+    return f'{t:9.3f} s  {labels}  latency {latency:.3f} s  skipped {skipped}'
+
+
+def run_stream(source, model, options, class_names, device, settings: LiveSettings,
+               output_json=None, out=None, err=None, frames=None) -> int:
+    """Classifies ``source`` until it ends: a line per window on ``out``, notes
+    and the summary on ``err`` (default: standard output and error). Returns the
+    exit status: 0 at the end or on Ctrl-C, 1 when the source was lost."""
+    out, err = out or sys.stdout, err or sys.stderr
+    scorer = WindowScorer(model, options, device, settings.crop, settings.half)
+    note = lambda text: print(text, file=err, flush=True)  # noqa: E731
+    frames = frames or LiveFrames(source, scorer.spatial, clip_span(options.sample_duration,
+                                                                    options.sample_t_stride),
+                                  settings.stride, options.sample_t_stride, settings.reconnect,
+                                  settings.timeout, note)
+    session = Session()
+    sink = open(output_json, 'w') if output_json is not None else None
+    try:
+        fps = frames.frame_rate or 25.0
+        stream = frames.container.streams.video[0]
+        per_window = scorer.time_per_window((stream.height, stream.width))
+        note(f'stream {source_name(source)}: {stream.width}x{stream.height} at {fps:g} fps; '
+             + keep_up_line(per_window, settings.stride, fps))
+        _classify_windows(frames.start(), scorer, class_names, settings, session, out, sink)
+    except KeyboardInterrupt:
+        note('stopped (Ctrl-C)')
+    finally:
+        if sink is not None:
+            sink.close()
+    for line in summary_lines(session, frames, class_names):
+        note(line)
+    return 1 if frames.ending in ('lost', 'error') else 0
+
+
+def _classify_windows(frames, scorer, class_names, settings, session, out, sink):
+    recent = collections.deque(maxlen=settings.smooth)
+    while (window := frames.next_window()) is not None:
+        recent.append(scorer(window))
+        scores = torch.stack(list(recent)).mean(0)
+        entries = topk_entries(scores, class_names, settings.topk)
+        latency = time.monotonic() - window.arrival
+        session.latencies.append(latency)
+        session.top1[entries[0]['label']] += 1
+        session.classified += 1
+        print(format_window(window.stream_time, entries, latency, frames.skipped), file=out,
+              flush=True)
+        if sink is not None:
+            sink.write(json.dumps({'time': round(window.stream_time, 6), 'first_frame': window.first_frame,
+                                   'results': entries, 'latency': round(latency, 6),
+                                   'skipped': frames.skipped}) + '\n')
+            sink.flush()
+
+
+def summary_lines(session, frames, class_names) -> list[str]:
+    lost = f'the source was lost ({frames.reconnect} reconnects failed)' if frames.reconnect \
+        else 'the source dropped (--reconnect 0)'
+    why = {'end': 'the stream ended', 'lost': lost,
+           'error': f'reading failed: {frames.error}'}.get(frames.ending, 'stopped')
+    lines = [f'summary: {why}; {frames.frames_read} frames, {session.classified} windows '
+             f'classified, {frames.skipped} skipped']
+    if session.latencies:
+        lat = np.array(session.latencies)
+        lines.append(f'  latency: median {np.median(lat):.3f} s, p95 {np.percentile(lat, 95):.3f} s, '
+                     f'max {lat.max():.3f} s')
+    if frames.gaps:
+        lines.append(f'  reconnected {len(frames.gaps)} time(s), gaps: '
+                     + ', '.join(f'{g:.1f} s' for g in frames.gaps))
+    if session.top1:
+        lines.append('  top classes: ' + ', '.join(f'{label} ({n} windows)'
+                                                   for label, n in session.top1.most_common(5)))
+    return lines

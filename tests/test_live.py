@@ -1,0 +1,389 @@
+"""predict.py --stream: live sources classified window by window with the
+preprocessing and scores of predict.py's sliding windows over the same
+frames; skipped windows and bounded latency when the model is slower than the
+stream; a source that cannot be opened, a password in the URL."""
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import live
+import main
+import predict
+from datasets.live import LiveFrames, source_name
+from datasets.temporal_transforms import clip_span
+from tests.conftest import tiny_args
+from tests.video_files import write_video
+
+ROOT = Path(__file__).resolve().parents[1]
+FPS = 25
+STRIDE = 3
+
+
+@pytest.fixture(scope='module')
+def checkpoint(tiny_synthetic, tmp_path_factory):
+    """The tiny model (8x32x32 clips) after one epoch."""
+    out = tmp_path_factory.mktemp('live_ckpt')
+    main.main(tiny_args(*tiny_synthetic, out, '--n_epochs', '1', '--no_val'))
+    return out / 'save_1.pth'
+
+
+@pytest.fixture(scope='module')
+def clip_file(tmp_path_factory):
+    """An H.264 file (B-frames, a keyframe every 5) at 128x96: the eval crop to 32
+    converts its frames at 1/2, as the file loader does."""
+    return write_video(tmp_path_factory.mktemp('live_video') / 'clip.mp4', n_frames=40,
+                       width=128, height=96, fps=FPS)
+
+
+def predict_windows(checkpoint, video, stride):
+    """{first frame: softmax} of predict.py's sliding windows over the file."""
+    args = predict.parse_args([str(checkpoint), str(video), '--stride', str(stride),
+                               '--batch_size', '1', '--n_threads', '0', '--no_progress'])
+    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
+                                                             'raw')
+    videos, failures = predict.find_inputs(video), {}
+    records = predict.measure_videos(videos, failures)
+    dataset = predict.build_dataset(records, videos, options, 1, stride, 'center')
+    scores = predict.classify(dataset, model, device, args, failures, keep_views=True)
+    return {segment[0]: probs for segment, _, probs in scores.views[0]}, class_names, records[0].n_frames
+
+
+def stream_lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def check_equal_to_predict(lines, checkpoint, video, stride=STRIDE, complete=True, at_least=0.5):
+    """Each window's scores equal predict.py's window that starts at the same frame."""
+    expected, class_names, n_frames = predict_windows(checkpoint, video, stride)
+    span = clip_span(8)
+    assert lines, 'no window classified'
+    for line in lines:
+        probs = expected[line['first_frame']]
+        got = {e['label']: e['score'] for e in line['results']}
+        assert list(got) == [class_names[i] for i in probs.argsort(descending=True, stable=True)]
+        np.testing.assert_allclose([got[name] for name in class_names], probs.numpy(), rtol=0,
+                                   atol=1e-6)
+    every = list(range(0, n_frames - span + 1, stride))  # the windows that fit in the file
+    firsts = [line['first_frame'] for line in lines]
+    if complete:
+        assert firsts == every
+    else:  # a live source's frames buffered while the model warmed up come in a burst:
+        # the windows the burst completes at once are skipped but the newest
+        assert firsts == sorted(set(firsts)) and len(firsts) >= max(2, int(len(every) * at_least))
+        assert len(firsts) + lines[-1]['skipped'] == len(every)
+
+
+def test_a_file_played_live_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
+    out = tmp_path / 'lines.jsonl'
+    status = predict.main([str(checkpoint), '--stream', str(clip_file), '--stride', str(STRIDE),
+                           '--topk', '0', '--output_json', str(out), '--no_progress'])
+    assert status == 0
+    captured = capsys.readouterr()
+    lines = stream_lines(out)
+    check_equal_to_predict(lines, checkpoint, clip_file)
+    printed = captured.out.splitlines()
+    assert len(printed) == len(lines) and all('latency' in p and 'skipped 0' in p for p in printed)
+    assert re.search(r': 128x96 at 25 fps; (keeps up|cannot keep up): [0-9.]+ s per window, a window '
+                     r'every 0\.120 s', captured.err), captured.err
+    assert f'summary: the stream ended; 40 frames, {len(lines)} windows classified, 0 skipped' \
+        in captured.err
+    assert 'latency: median' in captured.err and 'top classes:' in captured.err
+    # paced at 25 fps: the last window's frame is at 39 / 25 s of stream time
+    assert lines[-1]['time'] == pytest.approx((lines[-1]['first_frame'] + 7) / FPS, abs=1e-3)
+
+
+class SlowModel(torch.nn.Module):
+    def __init__(self, model, seconds):
+        super().__init__()
+        self.model, self.seconds = model, seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.model(x)
+
+
+def test_a_model_slower_than_the_stream_skips_windows_with_bounded_latency(checkpoint, tmp_path):
+    """Windows every 2 frames (80 ms) and a model taking 250 ms a window: most
+    windows are skipped, each one served is the newest (latency under a stride
+    plus a window's time, the last one's under two windows' time), and the lag
+    does not grow over the stream."""
+    from tests.video_files import frame_image
+    video = write_video(tmp_path / 'long.mp4', width=64, height=48, fps=FPS,
+                        images=[frame_image(i % 80, 64, 48) for i in range(100)])
+    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
+                                                             'raw')
+    slow = SlowModel(model, 0.25)
+    settings = live.LiveSettings(stride=2, topk=1)
+    out = tmp_path / 'lines.jsonl'
+    err = _Lines()
+    status = live.run_stream(str(video), slow, options, class_names, device, settings, out,
+                             out=_Lines(), err=err)
+    assert status == 0
+    lines = stream_lines(out)
+    assert 'cannot keep up: 0.2' in err.text and 'use --stride 7 or more' in err.text
+    latencies = np.array([line['latency'] for line in lines])
+    per_window, stride_s = 0.25, 2 / FPS
+    assert lines[-1]['skipped'] > 0.5 * len(lines)
+    # a window waits at most until the next one replaces it, or (the last one)
+    # until the model is free
+    assert np.percentile(latencies[:-1], 95) < stride_s + per_window + 0.1
+    assert latencies.max() < 2 * per_window + 0.1
+    half = len(latencies) // 2
+    assert latencies[half:-1].max() < stride_s + per_window + 0.15  # not growing
+    assert f'{lines[-1]["skipped"]} skipped' in err.text
+    assert (47 - 1) // 2 < lines[-1]['skipped'] + len(lines) <= (100 - 8) // 2 + 1
+
+
+class _Lines:
+    """A text stream for the loop's output."""
+
+    def __init__(self):
+        self.parts = []
+
+    def write(self, text):
+        self.parts.append(text)
+
+    def flush(self):
+        pass
+
+    @property
+    def text(self):
+        return ''.join(self.parts)
+
+
+def test_smoothing_averages_the_last_windows(checkpoint, clip_file, tmp_path):
+    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
+                                                             'raw')
+    runs = {}
+    for k in (1, 3):
+        out = tmp_path / f'smooth{k}.jsonl'
+        live.run_stream(str(clip_file), model, options, class_names, device,
+                        live.LiveSettings(stride=STRIDE, smooth=k, topk=0), out, out=_Lines(),
+                        err=_Lines())
+        runs[k] = [{e['label']: e['score'] for e in line['results']} for line in stream_lines(out)]
+    for i in range(len(runs[3])):
+        recent = runs[1][max(0, i - 2):i + 1]
+        for name in class_names:
+            assert runs[3][i][name] == pytest.approx(np.mean([r[name] for r in recent]), abs=1e-6)
+
+
+def test_a_source_that_cannot_be_opened_is_one_line_without_its_password(checkpoint, tmp_path,
+                                                                          capsys):
+    for source, says in [(str(tmp_path / 'missing.mp4'), 'cannot be opened'),
+                         ('rtsp://admin:s3cret@127.0.0.1:9/stream', 'cannot be opened'),
+                         (str(_text_file(tmp_path)), 'cannot be opened'),
+                         (str(_audio_file(tmp_path)), 'has no video stream')]:
+        assert predict.main([str(checkpoint), '--stream', source, '--reconnect', '0']) == 2
+        captured = capsys.readouterr()
+        assert captured.err.count('\n') == 1 and captured.err.startswith('error: stream ') and \
+            says in captured.err, captured.err
+        assert 's3cret' not in captured.err + captured.out
+        assert source_name(source) in captured.err
+        assert ('admin:***@' in captured.err) == source.startswith('rtsp')
+    assert source_name('rtsp://admin:s3cret@cam/x') == 'rtsp://admin:***@cam/x'
+
+
+def _audio_file(tmp_path):
+    import av
+    path = tmp_path / 'sound.wav'
+    with av.open(str(path), 'w') as container:
+        stream = container.add_stream('pcm_s16le', rate=8000, layout='mono')
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format='s16', layout='mono')
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            container.mux(packet)
+    return path
+
+
+def _text_file(tmp_path):
+    path = tmp_path / 'notes.mp4'
+    path.write_text('not a video\n')
+    return path
+
+
+@pytest.mark.parametrize('argv, says', [
+    (['ckpt.pth'], 'give a video'),
+    (['ckpt.pth', 'v.mp4', '--stream', 'udp://x:1'], 'give a video'),
+    (['ckpt.pth', '--stream', 'udp://x:1', '--json'], '--json is for videos'),
+    (['ckpt.pth', '--stream', 'udp://x:1', '--smooth', '0'], '--smooth'),
+    (['ckpt.pth', 'v.mp4', '--output_json', 'a.jsonl'], 'goes with --stream'),
+    (['ckpt.pth', '--stream', '-', '--half'], '--device cuda')])
+def test_stream_options_are_checked(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        predict.parse_args(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_reader_hands_over_the_newest_window_only(clip_file):
+    """A consumer that takes no window until the stream ended finds the last one;
+    every other window was counted as skipped."""
+    from argparse import Namespace
+
+    from dataset import eval_views
+    opts = Namespace(sample_size=32, sample_duration=8, sample_t_stride=1, value_scale=1,
+                     mean_dataset='0.5', no_mean_norm=False, no_std_norm=False, input_type='rgb')
+    _, spatial = eval_views(opts, 0, 1, 'center')
+    frames = LiveFrames(str(clip_file), spatial, span=8, stride=4, notes=lambda text: None).start()
+    frames._thread.join(timeout=30)
+    window = frames.next_window()
+    assert window.first_frame == 32 and len(window.frames) == 8 and window.factor == 2
+    assert window.frames[0].shape == (48, 64, 3)
+    assert frames.skipped == 8 and frames.next_window() is None and frames.ending == 'end'
+
+
+
+# ----------------------------------------------------------------------------- network sources
+
+def free_port(kind=socket.SOCK_STREAM):
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def wait_bound(port, proto, timeout=30):
+    """Until a socket of this machine is bound to 127.0.0.1:port (tcp: listening)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for line in Path(f'/proc/net/{proto}').read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(':')[1], 16) == port and (proto == 'udp' or fields[3] == '0A'):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f'nothing bound to {proto} port {port} after {timeout} s')
+
+
+def producer(video, url, *extra, stdout=subprocess.DEVNULL):
+    return subprocess.Popen([sys.executable, '-m', 'util_scripts.stream_file', str(video), url,
+                             *extra], cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True)
+
+
+class Consumer(threading.Thread):
+    """predict.main(argv) in a thread; ``status`` once joined."""
+
+    def __init__(self, argv):
+        super().__init__(daemon=True)
+        self.argv, self.status = [str(a) for a in argv], None
+
+    def run(self):
+        self.status = predict.main(self.argv)
+
+    def result(self, timeout=60):
+        self.join(timeout)
+        assert not self.is_alive(), 'the consumer did not end'
+        return self.status
+
+
+def live_args(checkpoint, source, out, *extra):
+    return [checkpoint, '--stream', source, '--stride', STRIDE, '--topk', '0', '--output_json',
+            out, '--no_progress', *extra]
+
+
+def test_a_udp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
+    port = free_port(socket.SOCK_DGRAM)
+    out = tmp_path / 'udp.jsonl'
+    consumer = Consumer(live_args(checkpoint, f'udp://127.0.0.1:{port}', out, '--reconnect', '0',
+                                  '--stream_timeout', '2'))
+    consumer.start()
+    wait_bound(port, 'udp')  # listening before the first datagram is sent
+    sender = producer(clip_file, f'udp://127.0.0.1:{port}')
+    assert consumer.result() == 1  # UDP has no end: the stream stopped coming
+    assert sender.wait(timeout=30) == 0, sender.stderr.read()
+    err = capsys.readouterr().err
+    check_equal_to_predict(stream_lines(out), checkpoint, clip_file, complete=False)
+    assert 'summary: the source dropped (--reconnect 0); 40 frames' in err and 'latency: median' in err
+
+
+def test_a_tcp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
+    port = free_port()
+    sender = producer(clip_file, f'tcp://127.0.0.1:{port}')
+    wait_bound(port, 'tcp')
+    out = tmp_path / 'tcp.jsonl'
+    status = predict.main([str(a) for a in live_args(checkpoint, f'tcp://127.0.0.1:{port}', out,
+                                                     '--reconnect', '0')])
+    assert status == 1 and sender.wait(timeout=30) == 0
+    check_equal_to_predict(stream_lines(out), checkpoint, clip_file, complete=False)
+    assert '40 frames' in capsys.readouterr().err
+
+
+def test_an_http_file_plays_live_to_its_end(checkpoint, clip_file, tmp_path, capsys):
+    """An .mp4 over http (its index at the end: read with a range request) is
+    paced to its frame rate and ends with the file (no reconnect)."""
+    from tests.servers import http_server
+    out = tmp_path / 'http.jsonl'
+    with http_server(clip_file.parent) as url:
+        started = time.monotonic()
+        status = predict.main([str(a) for a in live_args(checkpoint, f'{url}/{clip_file.name}', out)])
+        took = time.monotonic() - started
+    assert status == 0
+    check_equal_to_predict(stream_lines(out), checkpoint, clip_file)
+    assert 'summary: the stream ended; 40 frames' in capsys.readouterr().err
+    assert took > 39 / FPS - 0.1  # played at its frame rate
+
+
+def test_a_pipe_on_standard_input(checkpoint, clip_file, tmp_path):
+    out = tmp_path / 'pipe.jsonl'
+    sender = producer(clip_file, '-', stdout=subprocess.PIPE)
+    proc = subprocess.run([sys.executable, 'predict.py', *map(str, live_args(checkpoint, '-', out))],
+                          cwd=ROOT, stdin=sender.stdout, capture_output=True, text=True, timeout=120)
+    sender.stdout.close()
+    assert proc.returncode == 0, proc.stderr
+    assert sender.wait(timeout=30) == 0
+    assert 'stream standard input: 128x96 at 25 fps; ' in proc.stderr  # then keeps up or not
+    # the pipe held the whole stream while predict.py started: one burst
+    check_equal_to_predict(stream_lines(out), checkpoint, clip_file, complete=False, at_least=0)
+
+
+def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file, tmp_path, capsys):
+    """The first producer (looping) is killed after a few windows; a second one
+    on the same port is found by the reconnect; when it ends and nothing comes
+    back, the summary and exit status 1 (the source was lost)."""
+    port = free_port()
+    url = f'tcp://127.0.0.1:{port}'
+    first = producer(clip_file, url, '--loop')
+    wait_bound(port, 'tcp')
+    out = tmp_path / 'killed.jsonl'
+    consumer = Consumer(live_args(checkpoint, url, out, '--reconnect', '2'))
+    consumer.start()
+    deadline = time.time() + 60
+    while not (out.exists() and len(out.read_text().splitlines()) >= 3):
+        assert time.time() < deadline and consumer.is_alive()
+        time.sleep(0.02)
+    first.kill()
+    first.wait()
+    second = producer(clip_file, url)
+    assert consumer.result(timeout=90) == 1
+    assert second.wait(timeout=30) == 0
+    err = capsys.readouterr().err
+    assert f'stream {url} dropped: reconnecting in 0.5 s (attempt 1 of 2)' in err
+    assert 'reconnected after a gap of' in err and 'reconnected 1 time(s), gaps:' in err
+    assert 'summary: the source was lost (2 reconnects failed)' in err
+    lines = stream_lines(out)
+    times = [line['time'] for line in lines]
+    assert times == sorted(times) and len(lines) > 11  # windows from both producers
+
+
+def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path):
+    port = free_port()
+    url = f'tcp://127.0.0.1:{port}'
+    sender = producer(clip_file, url, '--loop')
+    try:
+        wait_bound(port, 'tcp')
+        proc = subprocess.Popen([sys.executable, 'predict.py', str(checkpoint), '--stream', url],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert 'latency' in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        sender.kill()
+    assert proc.returncode == 0, err
+    assert 'stopped (Ctrl-C)' in err and 'summary: ' in err and 'Traceback' not in err
