@@ -120,22 +120,27 @@ def run_stream(source, model, options, class_names, device, settings: LiveSettin
     out, err = out or sys.stdout, err or sys.stderr
     scorer = WindowScorer(model, options, device, settings.crop, settings.half)
     note = lambda text: print(text, file=err, flush=True)  # noqa: E731
-    frames = frames or LiveFrames(source, scorer.spatial, clip_span(options.sample_duration,
-                                                                    options.sample_t_stride),
-                                  settings.stride, options.sample_t_stride, settings.reconnect,
-                                  settings.timeout, note)
+    try:
+        frames = frames or LiveFrames(source, scorer.spatial, clip_span(options.sample_duration,
+                                                                        options.sample_t_stride),
+                                      settings.stride, options.sample_t_stride, settings.reconnect,
+                                      settings.timeout, note)
+    except KeyboardInterrupt:
+        note(f'stopped (Ctrl-C) before stream {source_name(source)} opened')
+        return 0
     session = Session()
     sink = open(output_json, 'w') if output_json is not None else None
     try:
         fps = frames.frame_rate or 25.0
-        stream = frames.container.streams.video[0]
-        per_window = scorer.time_per_window((stream.height, stream.width))
-        note(f'stream {source_name(source)}: {stream.width}x{stream.height} at {fps:g} fps; '
+        height, width = frames.frame_size
+        per_window = scorer.time_per_window((height, width))
+        note(f'stream {source_name(source)}: {width}x{height} at {fps:g} fps; '
              + keep_up_line(per_window, settings.stride, fps))
         _classify_windows(frames.start(), scorer, class_names, settings, session, out, sink)
     except KeyboardInterrupt:
         note('stopped (Ctrl-C)')
     finally:
+        frames.stop()
         if sink is not None:
             sink.close()
     for line in summary_lines(session, frames, class_names):
@@ -166,7 +171,7 @@ def summary_lines(session, frames, class_names) -> list[str]:
     lost = f'the source was lost ({frames.reconnect} reconnects failed)' if frames.reconnect \
         else 'the source dropped (--reconnect 0)'
     why = {'end': 'the stream ended', 'lost': lost,
-           'error': f'reading failed: {frames.error}'}.get(frames.ending, 'stopped')
+           'error': f'reading failed: {frames.error}'}.get(frames.ending, 'stopped')  # Ctrl-C, stop()
     lines = [f'summary: {why}; {frames.frames_read} frames, {session.classified} windows '
              f'classified, {frames.skipped} skipped']
     if session.latencies:

@@ -52,13 +52,11 @@ def is_reconnectable(source: str) -> bool:
 
 def _paced(source: str) -> bool:
     """A file (local or over http) plays at its frame rate, as a live source would;
-    an HLS playlist is live (or paced by its server)."""
+    so does HLS, whose server publishes whole segments at once (their frames would
+    come in one burst)."""
     if source == '-' or source.startswith('/dev/'):
         return False
-    scheme = _scheme(source)
-    if scheme in ('http', 'https'):
-        return '.m3u8' not in source
-    return scheme is None
+    return _scheme(source) in (None, 'http', 'https')
 
 
 def _open_options(source: str, timeout: float) -> tuple[dict, str | None]:
@@ -84,9 +82,12 @@ def open_source(source: str, timeout: float = 10.0):
     naming it (without its password)."""
     import av
     options, fmt = _open_options(source, timeout)
-    target = sys.stdin.buffer if source == '-' else source
+    # the raw pipe: a buffered read(n) would wait for n bytes, seconds of a slow stream
+    target = sys.stdin.buffer.raw if source == '-' else source
     try:
         container = av.open(target, format=fmt, options=options, timeout=timeout)
+    except av.ExitError:  # FFmpeg's read interrupted by Ctrl-C
+        raise KeyboardInterrupt from None
     except (av.FFmpegError, OSError) as e:
         raise DataError(f'stream {source_name(source)} cannot be opened: '
                         f'{redact_url(str(e))}') from None
@@ -94,6 +95,18 @@ def open_source(source: str, timeout: float = 10.0):
         container.close()
         raise DataError(f'stream {source_name(source)} has no video stream')
     return container
+
+
+def _frame_rate(container) -> float | None:
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    return float(rate) if rate else None
+
+
+def _frame_size(container) -> tuple[int, int]:
+    """(height, width) of the source's frames as its header says."""
+    stream = container.streams.video[0]
+    return stream.height, stream.width
 
 
 def _seconds(frame) -> float:
@@ -163,14 +176,18 @@ class LiveFrames:
     """Decodes ``source`` in a thread (start()) into windows of ``span`` frames
     every ``stride`` frames, sampled every ``t_stride``; ``next_window()`` blocks
     for the newest one (None at the end). ``notes(text)`` is told of drops and
-    reconnects; ``ending`` says why the reader stopped ('end', 'lost', 'error')."""
+    reconnects; ``ending`` says why the reader stopped ('end', 'lost', 'error',
+    'stopped': stop() was called)."""
 
     def __init__(self, source, spatial, span, stride, t_stride=1, reconnect=3, timeout=10.0,
                  notes=print, container=None):
         self.source, self.span, self.stride, self.t_stride = source, span, stride, t_stride
-        self.reconnect, self.timeout, self.notes = reconnect, timeout, notes
+        self.reconnect, self.timeout, self._notes = reconnect, timeout, notes
         self.convert = _Converter(spatial)
         self.container = container if container is not None else open_source(source, timeout)
+        self.frame_rate = _frame_rate(self.container)
+        self.frame_size = _frame_size(self.container)
+        self._stop = threading.Event()
         self.mailbox = _Mailbox()
         self.frames_read = 0
         self.gaps: list[float] = []  # seconds without frames, per reconnect
@@ -180,11 +197,13 @@ class LiveFrames:
         self._read_error = False
         self._thread = threading.Thread(target=self._run, name='live_reader', daemon=True)
 
-    @property
-    def frame_rate(self) -> float | None:
-        stream = self.container.streams.video[0]
-        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-        return float(rate) if rate else None
+    def notes(self, text):
+        if not self._stop.is_set():  # nothing after the consumer's summary
+            self._notes(text)
+
+    def stop(self):
+        """The reader stops after the frame it is decoding (or its wait to reconnect)."""
+        self._stop.set()
 
     @property
     def skipped(self) -> int:
@@ -198,14 +217,21 @@ class LiveFrames:
         return self.mailbox.take()
 
     def _run(self):
+        failures = 0  # reconnects in a row that gave no frame
         try:
             while True:
+                before = self.frames_read
                 last = self._read_connection()
+                failures = 0 if self.frames_read > before else failures
+                if self._stop.is_set():
+                    self.ending = 'stopped'
+                    return
                 if not self._dropped():
                     self.ending = 'end'
                     return
-                if not self._reopen(last):
-                    self.ending = 'lost'
+                failures = self._reopen(last, failures)
+                if failures is None:
+                    self.ending = 'stopped' if self._stop.is_set() else 'lost'
                     return
         except Exception as e:  # noqa: BLE001 - reported by the consumer, not a thread traceback
             self.ending, self.error = 'error', f'{type(e).__name__}: {redact_url(str(e))}'
@@ -246,6 +272,8 @@ class LiveFrames:
         ring = collections.deque(maxlen=self.span)
         start, pace_from, last = self.frames_read, None, None
         for frame, t in self._frames():
+            if self._stop.is_set():
+                break
             if _paced(self.source):
                 pace_from = pace_from or time.monotonic()
                 delay = pace_from + t - time.monotonic()
@@ -263,22 +291,25 @@ class LiveFrames:
         self.container.close()
         return last
 
-    def _reopen(self, last) -> bool:
-        """The source opened again, with backoff; False after ``reconnect`` failures."""
+    def _reopen(self, last, failures: int) -> int | None:
+        """The source opened again, with backoff: the attempts so far without a
+        frame (a source that opens but gives none counts as failed too), or None
+        after ``reconnect`` of them."""
         lost_at = last[0] if last is not None else time.monotonic()
-        for attempt in range(1, self.reconnect + 1):
+        for attempt in range(failures + 1, self.reconnect + 1):
             wait = min(0.5 * 2 ** (attempt - 1), 8.0)
             self.notes(f'stream {source_name(self.source)} dropped: reconnecting in {wait:g} s '
                        f'(attempt {attempt} of {self.reconnect})')
-            time.sleep(wait)
+            if self._stop.wait(wait):
+                return None
             try:
                 self.container = open_source(self.source, self.timeout)
-            except DataError as e:
-                self.notes(str(e))
+            except (DataError, KeyboardInterrupt) as e:
+                self.notes(str(e) or 'interrupted')
                 continue
             gap = time.monotonic() - lost_at
             self.gaps.append(gap)
             self._t_offset = (last[1] if last is not None else self._t_offset) + gap
             self.notes(f'stream {source_name(self.source)} reconnected after a gap of {gap:.1f} s')
-            return True
-        return False
+            return attempt
+        return None

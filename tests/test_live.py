@@ -390,3 +390,34 @@ def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path):
         sender.kill()
     assert proc.returncode == 0, err
     assert 'stopped (Ctrl-C)' in err and 'summary: ' in err and 'Traceback' not in err
+
+
+def test_a_source_that_opens_but_gives_no_frame_counts_as_a_failed_reconnect(checkpoint, tmp_path,
+                                                                             capsys):
+    """An .mp4 whose index is at its end, from a server without byte ranges (as
+    python -m http.server): it opens, then every read fails. Before, each open
+    counted as a reconnect that worked, and the run went on reopening forever."""
+    import http.server
+    from functools import partial
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    from tests.video_files import frame_image
+    rng = np.random.default_rng(0)  # noise: a file past FFmpeg's buffers, so the index is out of reach
+    clip_file = write_video(tmp_path / 'big.mp4', width=320, height=240, fps=FPS,
+                            images=[np.clip(frame_image(i % 80, 320, 240) + rng.integers(0, 60, (240, 320, 3)),
+                                            0, 255).astype(np.uint8) for i in range(60)])
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f'http://127.0.0.1:{server.server_address[1]}/{clip_file.name}'
+        status = predict.main([str(checkpoint), '--stream', url, '--reconnect', '2'])
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert 'summary: the source was lost (2 reconnects failed); 0 frames' in err
+    assert 'attempt 2 of 2' in err and 'attempt 3' not in err
