@@ -1,5 +1,7 @@
 """Servers on 127.0.0.1 that tests start: an HTTP file server that answers
-byte ranges (FFmpeg reads an .mp4's index, written last, with a range request)."""
+byte ranges (FFmpeg reads an .mp4's index, written last, with a range request),
+and the same server answering its first requests with an error status (a
+flaky server, for the retries of datasets/storage.py)."""
 import contextlib
 import http.server
 import os
@@ -17,6 +19,14 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
     def send_head(self):
+        faults = getattr(self, 'faults', None)
+        if faults is not None:
+            with faults['lock']:
+                faults['requests'] += 1
+                fail = faults['requests'] <= faults['failures']
+            if fail:
+                self.send_error(faults['status'], 'injected fault')
+                return None
         match = _RANGE.match(self.headers.get('Range', ''))
         path = self.translate_path(self.path)
         if match is None or not os.path.isfile(path):
@@ -53,9 +63,29 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def http_server(folder):
     """http://127.0.0.1:PORT serving ``folder`` (with byte ranges) in a thread."""
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0),
-                                             partial(RangeHandler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    with _serve(partial(RangeHandler, directory=str(folder))) as url:
+        yield url
+
+
+class FaultyHandler(RangeHandler):
+    def __init__(self, *args, faults, **kwargs):
+        self.faults = faults
+        super().__init__(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def faulty_http_server(folder, failures, status=503):
+    """(URL, faults) of a server of ``folder`` whose first ``failures`` requests
+    get ``status``; faults['requests'] counts the requests it had."""
+    faults = {'lock': threading.Lock(), 'requests': 0, 'failures': failures, 'status': status}
+    with _serve(partial(FaultyHandler, directory=str(folder), faults=faults)) as url:
+        yield url, faults
+
+
+@contextlib.contextmanager
+def _serve(handler):
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True)
     thread.start()
     try:
         yield f'http://127.0.0.1:{server.server_address[1]}'

@@ -38,4 +38,12 @@ class LaunchError(RuntimeError):
     message says what to change."""
 
 
-USER_ERRORS = (DataError, OptionError, CheckpointError, ResultFolderError, LaunchError)
+class StorageError(RuntimeError):
+    """Reading a data set's shards or index from its folder, HTTP or S3 failed
+    (network down, server errors after the retries, a shard not found): the
+    message names the URL (its password hidden) and what failed. Not a
+    DataError: a run that skips bad videos must stop on it, never skip the
+    videos it could not fetch."""
+
+
+USER_ERRORS = (DataError, OptionError, CheckpointError, ResultFolderError, LaunchError, StorageError)

@@ -1,0 +1,339 @@
+"""Where a data set's shards are read from: a local folder, or any fsspec URL
+(http(s)://host/prefix, s3://bucket/prefix).  :class:`ShardStore` reads whole
+small files (index.json, index.npz), byte ranges and a video's payload through
+the index (datasets/shards.py), so that no clip loader learns about HTTP or S3.
+
+Faults: a network error or a server error (5xx, 408, 429) is retried with
+exponential backoff, then raised as StorageError naming the URL (its password
+hidden); a file not found is a StorageError at once; a payload shorter than the
+index says (a truncated shard) is a DataError.  Fork safety: the filesystem
+object, its sessions and the open fds belong to the process that made them; a
+forked DataLoader worker makes its own.  A store pickles without them.
+
+Credentials never come through storage_options (:func:`check_storage_options`):
+S3's come from the environment or ~/.aws, as botocore finds them.  Torch-free;
+fsspec (and s3fs, aiohttp) are imported only for a URL.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from datasets.shards import INDEX_JSON, INDEX_NPZ, ShardIndex
+from utils.errors import DataError, OptionError, StorageError
+from utils.urls import redact_url
+
+__all__ = ['ShardStore', 'check_storage_options', 'SECRET_OPTIONS']
+
+SECRET_OPTIONS = frozenset({'key', 'secret', 'token', 'password', 'passwd', 'session_token', 'authorization',
+                            'aws_access_key_id', 'aws_secret_access_key', 'aws_session_token'})
+MAX_OPEN_FILES = 64  # local shards kept open per process
+_INHERITED = []  # filesystems a forked child found: kept alive, so that their finalizers never close the parent's
+
+
+def _after_fork_in_child():
+    asyn = sys.modules.get('fsspec.asyn')
+    if asyn is not None:  # fsspec's own hook resets its loop, not the lock get_loop() takes
+        asyn.reset_lock()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_storage_options(options) -> dict:
+    """``options`` (a dict, a JSON object's text or None) as a dict for fsspec;
+    OptionError naming the first key that would carry a secret (never its value)."""
+    if options is None or options == '':
+        return {}
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except ValueError as e:
+            raise OptionError(f'storage_options is not valid JSON ({e.msg} at character {e.pos})') from None
+    if not isinstance(options, dict):
+        raise OptionError(f'storage_options must be a JSON object, got a {type(options).__name__}')
+    secret = _secret_key(options, '')
+    if secret is not None:
+        raise OptionError(f'storage_options must not hold credentials ({secret!r}): give S3 credentials through '
+                          'AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, ~/.aws/credentials '
+                          'or AWS_PROFILE, HTTP ones as user:password@ in the URL')
+    return options
+
+
+def _secret_key(value, path):
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        name = str(k).lower().replace('-', '_')
+        where = f'{path}.{k}' if path else str(k)
+        if isinstance(k, str) and (name in SECRET_OPTIONS or ('client_kwargs' in path and name.startswith('aws_'))):
+            return where
+        found = _secret_key(v, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _status(e):
+    """The HTTP status behind an aiohttp or botocore error (s3fs chains the latter), or None."""
+    for err in (e, e.__cause__):
+        if isinstance(getattr(err, 'status', None), int):
+            return err.status
+        response = getattr(err, 'response', None)
+        if isinstance(response, dict):
+            return response.get('ResponseMetadata', {}).get('HTTPStatusCode')
+    return None
+
+
+def _transient_types():
+    types = [OSError]
+    for module, names in (('aiohttp', ('ClientError',)), ('fsspec.exceptions', ('FSTimeoutError',)),
+                          ('botocore.exceptions', ('BotoCoreError', 'ClientError'))):
+        mod = sys.modules.get(module)
+        types += [getattr(mod, n) for n in names if mod is not None and hasattr(mod, n)]
+    return tuple(types)
+
+
+def _transient(e, status) -> bool:
+    """Worth another try: a server error, a timeout, a connection lost (not a refusal)."""
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    return not isinstance(e, (PermissionError, IsADirectoryError, NotADirectoryError))
+
+
+def _one_line(e) -> str:
+    return redact_url(' '.join(f'{type(e).__name__}: {e}'.split()))
+
+
+class ShardStore:
+    """Bytes of a shard folder at ``location`` (a folder, http(s)://..., s3://...).
+
+    ``storage_options``: fsspec's options for the URL (e.g. {"endpoint_url": ...} for
+    S3), checked by :func:`check_storage_options`.  ``cache_dir``: keep each payload
+    read there, at most ``cache_bytes`` in all (least recently used evicted).
+    ``retries``: further tries of a failed network read, after ``backoff``, 2 x
+    ``backoff``, ... seconds."""
+
+    def __init__(self, location, storage_options=None, cache_dir=None, cache_bytes=10 * 2**30, retries=4,
+                 backoff=0.5):
+        location = os.fspath(location)
+        if location.startswith('file://'):
+            location = location[len('file://'):]
+        self.location = location
+        self.remote = '://' in location
+        self.storage_options = check_storage_options(storage_options)
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.cache_bytes, self.retries, self.backoff = int(cache_bytes), int(retries), float(backoff)
+        self.cache_hits = self.cache_misses = 0
+        self._index = None
+        self._drop_handles()
+
+    @staticmethod
+    def _per_process() -> dict:
+        """The state that is not pickled and is made anew after a fork (the bytes in
+        cache_dir: unknown until scanned)."""
+        return {'_pid': None, '_fs': None, '_fds': {}, '_cache_used': None, '_cache_unscanned': 0}
+
+    def _drop_handles(self):
+        self.__dict__.update(self._per_process())
+
+    def __getstate__(self):
+        return {**self.__dict__, **self._per_process(), '_index': None}
+
+    def __repr__(self):
+        return f'ShardStore({redact_url(self.location)!r})'
+
+    def url(self, name) -> str:
+        return f'{self.location.rstrip("/")}/{name}' if self.remote else os.path.join(self.location, name)
+
+    # ------------------------------------------------------------ per process
+
+    def _own(self):
+        """Forget what another process (the parent of a fork) made."""
+        if self._pid != os.getpid():
+            if self._fs is not None:
+                _INHERITED.append(self._fs)
+            for fd in self._fds.values():
+                os.close(fd)
+            self._drop_handles()
+            self._pid = os.getpid()
+
+    def filesystem(self):
+        """This process's fsspec filesystem of a URL location (made on first use)."""
+        self._own()
+        if self._fs is None:
+            import fsspec
+            protocol = self.location.split('://', 1)[0]
+            self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.storage_options)
+        return self._fs
+
+    def _fd(self, name):
+        self._own()
+        fd = self._fds.get(name)
+        if fd is None:
+            if len(self._fds) >= MAX_OPEN_FILES:
+                os.close(self._fds.pop(next(iter(self._fds))))
+            fd = self._fds[name] = os.open(self.url(name), os.O_RDONLY)
+        return fd
+
+    def _local_range(self, name, offset, size):
+        fd = self._fd(name)
+        try:
+            return _pread_all(fd, offset, size)
+        except OSError:  # opened again on the next try (a stale NFS handle)
+            del self._fds[name]
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+
+    # ------------------------------------------------------------ reads
+
+    def read_file(self, name) -> bytes:
+        """A whole (small) file of the location: index.json, index.npz."""
+        if not self.remote:
+            return self._retrying(name, 'the file', lambda: Path(self.url(name)).read_bytes())
+        return self._retrying(name, 'the file', lambda: self.filesystem().cat_file(self.url(name)))
+
+    def read_range(self, name, offset, size) -> bytes:
+        """``size`` bytes of file ``name`` from ``offset`` (fewer at its end)."""
+        offset, size = int(offset), int(size)
+        if size <= 0:
+            return b''
+        if not self.remote:
+            return self._retrying(name, f'bytes {offset}-{offset + size - 1}',
+                                  lambda: self._local_range(name, offset, size))
+        data = self._retrying(name, f'bytes {offset}-{offset + size - 1}',
+                              lambda: self.filesystem().cat_file(self.url(name), start=offset, end=offset + size))
+        if len(data) > size:
+            raise StorageError(f'{redact_url(self.url(name))}: {len(data)} bytes answered for a range of {size}: '
+                               'the server does not serve byte ranges; use one that does')
+        return data
+
+    def _retrying(self, name, what, read):
+        url = redact_url(self.url(name))
+        for attempt in range(self.retries + 1):
+            try:
+                return read()
+            except _transient_types() as e:
+                status = _status(e)
+                if isinstance(e, FileNotFoundError) or status == 404:
+                    raise StorageError(f'{url} not found: check --video_path (the shard folder) and that '
+                                       'its shards and index were all written or uploaded') from None
+                if status == 416:
+                    return b''  # a range past the end (S3's InvalidRange): the caller sees a short read
+                if not _transient(e, status):
+                    raise StorageError(f'{url}: reading {what} failed ({_one_line(e)})') from None
+                if attempt == self.retries:
+                    raise StorageError(f'{url}: reading {what} failed after {attempt + 1} tries ({_one_line(e)}): '
+                                       'check the network and the server, then run again') from None
+            time.sleep(self.backoff * 2 ** attempt)
+
+    def index(self) -> ShardIndex:
+        """The folder's ShardIndex, read once per process."""
+        if self._index is None:
+            self._index = ShardIndex.from_bytes(self.read_file(INDEX_JSON), self.read_file(INDEX_NPZ),
+                                                redact_url(self.location))
+        return self._index
+
+    def read_member(self, rel) -> bytes:
+        """The payload of video REL (one ranged read, or the cache)."""
+        try:
+            shard, offset, size = self.index().lookup(rel)
+        except KeyError:
+            raise DataError(f'{redact_url(self.location)}: the shard index has no video {rel!r}: re-run '
+                            'util_scripts.make_shards for this annotation (or check --video_path)') from None
+        cached = self._cache_path(shard, offset, size)
+        data = self._cache_get(cached, size)
+        if data is None:
+            data = self.read_range(shard, offset, size)
+            if len(data) == size:
+                self._cache_put(cached, data)
+        if len(data) < size:
+            raise DataError(f'{redact_url(self.url(shard))}: video {rel!r} is cut short ({len(data)} of {size} '
+                            f'bytes at offset {offset}), the shard is truncated: re-run util_scripts.make_shards '
+                            f'and re-upload {shard}')
+        return data
+
+    # ------------------------------------------------------------ the cache
+
+    def _cache_path(self, shard, offset, size):
+        if self.cache_dir is None:
+            return None
+        key = hashlib.sha256(f'{self.location}\0{shard}\0{offset}\0{size}'.encode()).hexdigest()[:40]
+        return os.path.join(self.cache_dir, f'{key}.bin')
+
+    def _cache_get(self, path, size):
+        if path is None:
+            return None
+        try:
+            with open(path, 'rb') as f:
+                data = f.read()
+        except OSError:
+            data = None
+        if data is not None and len(data) == size:
+            with contextlib.suppress(OSError):  # evicted meanwhile by another process
+                os.utime(path)  # its mtime says when it was last used
+            self.cache_hits += 1
+            return data
+        self.cache_misses += 1
+        return None
+
+    def _cache_put(self, path, data):
+        if path is None or len(data) > self.cache_bytes:
+            return
+        tmp = f'{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
+        try:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            with open(tmp, 'wb') as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:  # a full or read-only cache folder: the read itself worked
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            return
+        # the other processes' writes are seen by a scan: the first, then one after each 1/16 of the bound
+        # written here, or when the bound is reached
+        used, self._cache_unscanned = (self._cache_used or 0) + len(data), self._cache_unscanned + len(data)
+        if self._cache_used is None or used > self.cache_bytes or self._cache_unscanned > self.cache_bytes // 16:
+            used, self._cache_unscanned = _evict(self.cache_dir, self.cache_bytes), 0
+        self._cache_used = used
+
+
+def _pread_all(fd, offset, size):
+    parts = []
+    while size > 0:
+        part = os.pread(fd, size, offset)
+        if not part:
+            break
+        parts.append(part)
+        offset, size = offset + len(part), size - len(part)
+    return b''.join(parts)
+
+
+def _evict(folder, bound, stale_tmp_s=3600):
+    """Remove the least recently used payloads (by mtime) while they take more than
+    ``bound``, down to 3/4 of it, and the .tmp files of writers long gone; the bytes
+    left.  Another process may remove the same files meanwhile."""
+    files, now = [], time.time()
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                st = entry.stat()
+                if entry.name.endswith('.bin'):
+                    files.append((st.st_mtime, st.st_size, entry.path))
+                elif entry.name.endswith('.tmp') and now - st.st_mtime > stale_tmp_s:
+                    os.remove(entry.path)
+    used = sum(size for _, size, _ in files)
+    if used > bound:
+        for _, size, path in sorted(files):
+            if used <= bound * 3 // 4:
+                break
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            used -= size
+    return used
