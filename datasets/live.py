@@ -259,7 +259,8 @@ class LiveFrames:
                 yield frame, _seconds(frame) - first
         except (av.FFmpegError, OSError) as e:
             self._read_error = True
-            self.notes(f'stream {source_name(self.source)}: {redact_url(str(e))}')
+            why = f'no data for {self.timeout:g} s' if isinstance(e, av.ExitError) else redact_url(str(e))
+            self.notes(f'stream {source_name(self.source)}: {why}')
             try:  # the frames still in the decoder (B-frames) are the stream's too
                 for frame in stream.codec_context.decode(None):
                     first = _seconds(frame) if first is None else first
