@@ -247,6 +247,7 @@ def test_inflate_from_with_pretrain_path_is_one_error_line(tmp_path, capsys):
     assert err.count('\n') == 1 and err.startswith('error: --inflate_from and --pretrain_path both')
 
 
+@pytest.mark.slow  # whole trainings
 def test_a_run_trains_from_the_inflated_weights_and_resumes_from_its_checkpoint(
         tiny_synthetic, tmp_path, resnet10_file, capsys, no_curves, one_torch_thread):
     net2d, path = resnet10_file

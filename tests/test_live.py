@@ -114,6 +114,7 @@ class SlowModel(torch.nn.Module):
         return self.model(x)
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_a_model_slower_than_the_stream_skips_windows_with_bounded_latency(checkpoint, tmp_path):
     """Windows every 2 frames (80 ms) and a model taking 250 ms a window: most
     windows are skipped, each one served is the newest (latency under a stride
@@ -164,6 +165,7 @@ class _Lines:
         return ''.join(self.parts)
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_smoothing_averages_the_last_windows(checkpoint, clip_file, tmp_path):
     model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
                                                              'raw')
@@ -291,6 +293,7 @@ def live_args(checkpoint, source, out, *extra):
             out, '--no_progress', *extra]
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_a_udp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
     port = free_port(socket.SOCK_DGRAM)
     out = tmp_path / 'udp.jsonl'
@@ -306,6 +309,7 @@ def test_a_udp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, ca
     assert 'summary: the source dropped (--reconnect 0); 40 frames' in err and 'latency: median' in err
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_a_tcp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
     port = free_port()
     sender = producer(clip_file, f'tcp://127.0.0.1:{port}')
@@ -318,6 +322,7 @@ def test_a_tcp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, ca
     assert '40 frames' in capsys.readouterr().err
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_an_http_file_plays_live_to_its_end(checkpoint, clip_file, tmp_path, capsys):
     """An .mp4 over http (its index at the end: read with a range request) is
     paced to its frame rate and ends with the file (no reconnect)."""
@@ -333,6 +338,7 @@ def test_an_http_file_plays_live_to_its_end(checkpoint, clip_file, tmp_path, cap
     assert took > 39 / FPS - 0.1  # played at its frame rate
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_a_pipe_on_standard_input(checkpoint, clip_file, tmp_path):
     out = tmp_path / 'pipe.jsonl'
     sender = producer(clip_file, '-', stdout=subprocess.PIPE)
@@ -346,6 +352,7 @@ def test_a_pipe_on_standard_input(checkpoint, clip_file, tmp_path):
     check_equal_to_predict(stream_lines(out), checkpoint, clip_file, at_least=0)
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file, tmp_path, capsys):
     """The first producer (looping) is killed after a few windows; a second one
     on the same port is found by the reconnect; when it ends and nothing comes
@@ -375,6 +382,7 @@ def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file
     assert times == sorted(times) and len(lines) > 11  # windows from both producers
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path):
     port = free_port()
     url = f'tcp://127.0.0.1:{port}'
@@ -392,6 +400,7 @@ def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path):
     assert 'stopped (Ctrl-C)' in err and 'summary: ' in err and 'Traceback' not in err
 
 
+@pytest.mark.slow  # real-time streams, producer processes
 def test_a_source_that_opens_but_gives_no_frame_counts_as_a_failed_reconnect(checkpoint, tmp_path,
                                                                              capsys):
     """An .mp4 whose index is at its end, from a server without byte ranges (as

@@ -342,6 +342,7 @@ def test_unreadable_files(tmp_path, data, capsys):
                                        '--file_type', 'hdf5')[1] + capsys.readouterr().err
 
 
+@pytest.mark.slow  # the command in its own interpreter
 def test_command_line(data, jpg_out, tmp_path):
     """As a command: the progress bar on stderr, the summary on stdout; bad arguments
     answered before the heavy imports."""

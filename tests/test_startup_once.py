@@ -4,6 +4,8 @@ cached; a failed check stops every rank with the same message (2 gloo ranks)."""
 import os
 import shutil
 
+import pytest
+
 import dataset as data
 import main
 from opts import parse_opts
@@ -32,6 +34,7 @@ def _count_checks_and_load(ctx, tiny, result, log_dir):
         (log_dir / f'error{ctx.rank}').write_text(str(e))
 
 
+@pytest.mark.slow  # two ranks in processes
 def test_the_frame_check_runs_once_per_node_and_every_rank_gets_the_records(
         tiny_synthetic, tmp_path):
     run_ranks(_count_checks_and_load, 2, tiny_synthetic, tmp_path / 'r', tmp_path)
@@ -40,6 +43,7 @@ def test_the_frame_check_runs_once_per_node_and_every_rank_gets_the_records(
     assert videos[0] == videos[1] == '24'
 
 
+@pytest.mark.slow  # two ranks in processes
 def test_a_failed_check_stops_every_rank_with_the_same_message(tiny_synthetic, tmp_path):
     video_path, annotation_path = tiny_synthetic
     copy = tmp_path / 'jpg'
@@ -75,6 +79,7 @@ def _slow_check_under_a_short_timeout(rank, port, tiny, result, log_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two ranks in processes
 def test_the_others_wait_for_a_check_longer_than_the_collective_timeout(tiny_synthetic, tmp_path):
     """--check_frames decode can take hours; the ranks waiting for it must not
     fail at the start-up collectives' timeout (they did with 3 s here when the

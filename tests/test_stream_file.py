@@ -105,6 +105,7 @@ def clip(tmp_path):
     return write_video(tmp_path / 'clip.mp4', n_frames=20, width=32, height=24, fps=25)
 
 
+@pytest.mark.slow  # producer processes streaming in real time
 def test_stdout_is_the_files_frames(clip):
     proc = start(clip, '-', '--fps', '100')
     frames, times = decode_pipe(proc)
@@ -125,6 +126,7 @@ def read_timed(proc):
     return b''.join(chunks), time.monotonic() - first
 
 
+@pytest.mark.slow  # producer processes streaming in real time
 def test_pacing(tmp_path):
     """A 25-frame 25 fps file takes its 0.96 s from the first frame to the last; 50 frames
     at --fps 100 take 0.49 s, their timestamps 1/100 s apart."""
@@ -157,6 +159,7 @@ def udp_bound(port):
     return any(line.split()[1].endswith(f':{port:04X}') for line in lines)
 
 
+@pytest.mark.slow  # producer processes streaming in real time
 def test_udp(clip):
     port = free_port()
     url = f'udp://127.0.0.1:{port}'
@@ -201,6 +204,7 @@ def connect(url, limit=10):
             time.sleep(0.05)
 
 
+@pytest.mark.slow  # producer processes streaming in real time
 def test_tcp(clip):
     url = f'tcp://127.0.0.1:{free_port(socket.SOCK_STREAM)}'
     proc = start(clip, url, '--fps', '100')
@@ -214,6 +218,7 @@ def test_tcp(clip):
     assert_frames(frames, file_frames(clip))
 
 
+@pytest.mark.slow  # producer processes streaming in real time
 def test_loop(tmp_path):
     """--loop: 35 frames of a 10-frame file, the file's again and again, their times
     increasing across the passes; the consumer stops reading and the producer ends."""
@@ -242,6 +247,7 @@ def tcp_client(port, limit=10):
 
 
 @pytest.mark.parametrize('kind', ['pipe', 'tcp'])
+@pytest.mark.slow  # producer processes streaming in real time
 def test_consumer_gone(tmp_path, kind):
     """The consumer goes away after the first bytes of a 2 s file: exit 0 at once,
     no traceback."""
@@ -264,6 +270,7 @@ def test_consumer_gone(tmp_path, kind):
 
 @pytest.mark.parametrize('kind,signum', [('udp', signal.SIGINT), ('udp', signal.SIGTERM),
                                          ('tcp', signal.SIGINT)])
+@pytest.mark.slow  # producer processes streaming in real time
 def test_stopped_by_a_signal(tmp_path, kind, signum):
     """SIGINT or SIGTERM while streaming (--loop to a UDP port nobody reads) or while
     waiting for a TCP client: exit 0, quietly."""
@@ -279,6 +286,7 @@ def test_stopped_by_a_signal(tmp_path, kind, signum):
     assert err == '', err
 
 
+@pytest.mark.slow  # producer processes streaming in real time
 def test_bad_input(tmp_path):
     missing = tmp_path / 'missing.mp4'
     status, err = run(missing, '-')
@@ -309,6 +317,7 @@ def test_bad_input(tmp_path):
     ('mjpeg.avi', 'mjpeg', {}),
     ('vp9.webm', 'libvpx-vp9', {'crf': '20', 'b': '0', 'deadline': 'realtime', 'cpu-used': '8'}),
 ])
+@pytest.mark.slow  # producer processes streaming in real time
 def test_reencoded(tmp_path, name, codec, options):
     """A codec MPEG-TS does not carry is re-encoded to H.264: every frame arrives, in order
     (each carries its index as a code that survives the lossy coding)."""
