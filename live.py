@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 import dataset as data
-from datasets.live import LiveFrames, source_name
+from datasets.live import LiveFrames, LiveWindow, eval_plan, source_name
 from datasets.temporal_transforms import clip_span
+from datasets.video import reduced_size
 from datasets.videodataset import make_clips
 from inference import score_views, topk_entries
 from utils.device_batches import ToDevice
@@ -90,11 +91,9 @@ class WindowScorer:
 
 
 def _blank_window(frame_shape, n, spatial):
-    from datasets.live import LiveWindow
-    from datasets.spatial_transforms import DCT_FACTORS
-    plan = spatial.plan(frame_shape[:2])
-    factor = 1 if plan is None else plan.reduction(DCT_FACTORS)
-    h, w = (-(-d // factor) for d in frame_shape[:2])
+    """A window of black frames as the reader would convert frames of that shape."""
+    plan, factor = eval_plan(spatial, frame_shape[:2])
+    h, w = reduced_size(*frame_shape[:2], factor)
     return LiveWindow(0, [np.zeros((h, w, 3), np.uint8)] * n, plan, factor, 0.0, 0.0)
 
 

@@ -29,7 +29,7 @@ from datasets.video import frame_array, new_scaler, upright_size
 from utils.errors import DataError
 from utils.urls import redact_url
 
-__all__ = ['LiveFrames', 'LiveWindow', 'open_source', 'is_reconnectable', 'source_name']
+__all__ = ['LiveFrames', 'LiveWindow', 'eval_plan', 'open_source', 'is_reconnectable', 'source_name']
 
 NETWORK_SCHEMES = ('rtsp', 'rtsps', 'rtmp', 'udp', 'tcp', 'srt', 'http', 'https')
 # Sources that are live themselves: played as they come, never paced.
@@ -155,6 +155,13 @@ class _Mailbox:
             return window
 
 
+def eval_plan(spatial, size) -> tuple[object, int]:
+    """(the eval transform's plan for frames of ``size`` (height, width), the
+    reduction it allows): what the video loader decodes a file's frames at."""
+    plan = spatial.plan(size)
+    return plan, 1 if plan is None else plan.reduction(DCT_FACTORS)
+
+
 class _Converter:
     """Frames as the video loader converts them, at the reduction the eval
     crop's plan allows (planned again when the frame size changes)."""
@@ -167,8 +174,8 @@ class _Converter:
     def __call__(self, frame) -> np.ndarray:
         size = upright_size(frame)
         if size != self.size:
-            self.size, self.plan = size, self.spatial.plan(size)
-            self.factor = 1 if self.plan is None else self.plan.reduction(DCT_FACTORS)
+            self.size = size
+            self.plan, self.factor = eval_plan(self.spatial, size)
         return frame_array(frame, self.factor, self.scaler)
 
 
@@ -248,23 +255,24 @@ class LiveFrames:
     def _frames(self):
         """(frame, stream seconds since this connection's first frame) as decoded;
         a drop (an FFmpeg or socket error) ends them like the end of the data."""
-        import av
         stream = self.container.streams.video[0]
         stream.thread_type = 'SLICE'  # frame threads would hold frames back (latency)
         first, self._read_error = None, False
+        for frame in self._decoded(stream):
+            first = _seconds(frame) if first is None else first
+            yield frame, _seconds(frame) - first
+
+    def _decoded(self, stream):
+        import av
         try:
-            decoded = (frame for packet in self.container.demux(stream) for frame in packet.decode())
-            for frame in decoded:
-                first = _seconds(frame) if first is None else first
-                yield frame, _seconds(frame) - first
+            for packet in self.container.demux(stream):
+                yield from packet.decode()
         except (av.FFmpegError, OSError) as e:
             self._read_error = True
             why = f'no data for {self.timeout:g} s' if isinstance(e, av.ExitError) else redact_url(str(e))
             self.notes(f'stream {source_name(self.source)}: {why}')
             try:  # the frames still in the decoder (B-frames) are the stream's too
-                for frame in stream.codec_context.decode(None):
-                    first = _seconds(frame) if first is None else first
-                    yield frame, _seconds(frame) - first
+                yield from stream.codec_context.decode(None)
             except (av.FFmpegError, OSError):
                 pass
 
