@@ -1,13 +1,17 @@
 """Servers on 127.0.0.1 that tests start: an HTTP file server that answers
 byte ranges (FFmpeg reads an .mp4's index, written last, with a range request),
 and the same server answering its first requests with an error status (a
-flaky server, for the retries of datasets/storage.py)."""
+flaky server, for the retries of datasets/storage.py); a free port, and a wait
+for another process's socket on one."""
 import contextlib
 import http.server
 import os
 import re
+import socket
 import threading
+import time
 from functools import partial
+from pathlib import Path
 
 _RANGE = re.compile(r'bytes=(\d*)-(\d*)$')
 
@@ -92,3 +96,29 @@ def _serve(handler):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    """A port of 127.0.0.1 free now (SOCK_DGRAM: for UDP)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def wait_bound(port, proto, timeout=30):
+    """Until a socket of this machine is bound to port (tcp: listening), read from
+    Linux's /proc/net: probing with a bind of our own could take the port from
+    under the process that is about to bind it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            lines = Path(f'/proc/net/{proto}').read_text().splitlines()[1:]
+        except OSError:  # not Linux: give the other process a moment
+            time.sleep(0.5)
+            return
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].split(':')[1], 16) == port and (proto == 'udp' or fields[3] == '0A'):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f'nothing bound to {proto} port {port} after {timeout} s')

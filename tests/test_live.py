@@ -22,6 +22,7 @@ import predict
 from datasets.live import LiveFrames, source_name
 from datasets.temporal_transforms import clip_span
 from tests.conftest import tiny_args
+from tests.servers import free_port, wait_bound
 from tests.video_files import write_video
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,24 +249,6 @@ def test_the_reader_hands_over_the_newest_window_only(clip_file):
 
 
 # ----------------------------------------------------------------------------- network sources
-
-def free_port(kind=socket.SOCK_STREAM):
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def wait_bound(port, proto, timeout=30):
-    """Until a socket of this machine is bound to 127.0.0.1:port (tcp: listening)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for line in Path(f'/proc/net/{proto}').read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].split(':')[1], 16) == port and (proto == 'udp' or fields[3] == '0A'):
-                return
-        time.sleep(0.02)
-    raise AssertionError(f'nothing bound to {proto} port {port} after {timeout} s')
-
 
 def producer(video, url, *extra, stdout=subprocess.DEVNULL):
     return subprocess.Popen([sys.executable, '-m', 'util_scripts.stream_file', str(video), url,

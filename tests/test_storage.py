@@ -139,19 +139,26 @@ def _child(store, rels, queue):
     queue.put((os.getpid(), store._pid, getattr(fs, '_pid', None), fs is not inherited or fs is None, found))
 
 
-def read_in_forked_children(store, payloads, rels):
-    """Read ``rels`` in two forked children of a store the parent used; their
-    (pid, the store's pid, its filesystem's pid, a new filesystem) reports."""
+def run_forked(target, arg_lists):
+    """target(*args, queue) in a forked child per args; (what each put on the
+    queue, in the order they came, the children's pids), each child exited 0."""
     ctx = multiprocessing.get_context('fork')
     queue = ctx.Queue()
-    children = [ctx.Process(target=_child, args=(store, rels[i::2], queue)) for i in range(2)]
+    children = [ctx.Process(target=target, args=(*args, queue)) for args in arg_lists]
     for c in children:
         c.start()
     reports = [queue.get(timeout=30) for _ in children]
     for c in children:
         c.join(10)
         assert c.exitcode == 0
-    assert {r[0] for r in reports} == {c.pid for c in children}
+    return reports, {c.pid for c in children}
+
+
+def read_in_forked_children(store, payloads, rels):
+    """Read ``rels`` in two forked children of a store the parent used; their
+    (pid, the store's pid, its filesystem's pid, a new filesystem) reports."""
+    reports, pids = run_forked(_child, [(store, rels[i::2]) for i in range(2)])
+    assert {r[0] for r in reports} == pids
     for *_, found in reports:
         assert isinstance(found, dict), found
         assert found == {rel: hashlib.sha256(payloads[rel]).hexdigest() for rel in found}
@@ -221,16 +228,7 @@ def test_the_cache_shared_by_two_processes(shards, tmp_path):
     rels = sorted(payloads)
     largest = max(len(p) for p in payloads.values())
     bound = 4 * largest
-    ctx = multiprocessing.get_context('fork')
-    queue = ctx.Queue()
-    children = [ctx.Process(target=_cache_child, args=(folder, tmp_path / 'c', bound, rels * 2, queue))
-                for _ in range(2)]
-    for c in children:
-        c.start()
-    found = [queue.get(timeout=30) for _ in children]
-    for c in children:
-        c.join(10)
-        assert c.exitcode == 0
+    found, _ = run_forked(_cache_child, [(folder, tmp_path / 'c', bound, rels * 2)] * 2)
     assert found == [{rel: hashlib.sha256(payloads[rel]).hexdigest() for rel in rels}] * 2
     used = sum(f.stat().st_size for f in (tmp_path / 'c').iterdir())
     assert 0 < used <= bound + largest  # at most the other's last write since a scan

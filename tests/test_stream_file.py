@@ -20,6 +20,7 @@ import av
 import numpy as np
 import pytest
 
+from tests.servers import free_port, wait_bound
 from tests.video_files import read_code, write_coded_video, write_video
 from utils.urls import redact_url
 
@@ -53,12 +54,6 @@ def run(*args):
     """(exit status, stderr text) of a producer that is expected to end at once."""
     proc = subprocess.run([*COMMAND, *map(str, args)], cwd=REPO, capture_output=True, timeout=LIMIT)
     return proc.returncode, proc.stderr.decode(errors='replace')
-
-
-def free_port(kind=socket.SOCK_DGRAM):
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def file_frames(path):
@@ -148,20 +143,9 @@ def test_pacing(tmp_path):
     assert steps == [{3600}, {900}]  # 90 kHz ticks: 1/25 s, then 1/100 s
 
 
-def udp_bound(port):
-    """Whether a UDP socket is bound to port (Linux's /proc/net/udp; probing with a bind
-    of our own could take the port from under the receiver)."""
-    try:
-        lines = Path('/proc/net/udp').read_text().splitlines()[1:]
-    except OSError:
-        time.sleep(0.5)
-        return True
-    return any(line.split()[1].endswith(f':{port:04X}') for line in lines)
-
-
 @pytest.mark.slow  # producer processes streaming in real time
 def test_udp(clip):
-    port = free_port()
+    port = free_port(socket.SOCK_DGRAM)
     url = f'udp://127.0.0.1:{port}'
     received = {}
 
@@ -179,9 +163,7 @@ def test_udp(clip):
 
     thread = threading.Thread(target=receiver, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not udp_bound(port) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_bound(port, 'udp', timeout=10)
     proc = start(clip, url, '--fps', '50')
     status, err = finish(proc)
     thread.join(timeout=15)
