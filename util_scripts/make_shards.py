@@ -310,15 +310,16 @@ def video_span(video, size, meta):
     return member_span(f'{key}.{video.ext}', size) + member_span(f'{key}.json', len(meta))
 
 
-def write_json_atomic(path, data):
+def write_atomic(path, data: bytes):
+    """``data`` into ``path`` through a temporary file: a kill leaves the old file or the new."""
     tmp = path.with_name(path.name + '.tmp')
-    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + '\n')
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
 def save_progress(out, progress):
     """Rewrite OUT/.make_shards.json (atomically) after a finished shard."""
-    write_json_atomic(out / shards.PROGRESS_NAME, progress)
+    write_atomic(out / shards.PROGRESS_NAME, (json.dumps(progress, sort_keys=True, indent=1) + '\n').encode())
 
 
 def fingerprint(videos, file_type, shard_size):
@@ -428,9 +429,7 @@ def write_index(run):
     not in the index removed."""
     json_bytes, npz_bytes = shards.encode_index(PAYLOAD_TYPES[run.file_type], run.shards, run.rows)
     for name, data in ((shards.INDEX_NPZ, npz_bytes), (shards.INDEX_JSON, json_bytes)):
-        tmp = run.out / (name + '.tmp')
-        tmp.write_bytes(data)
-        os.replace(tmp, run.out / name)
+        write_atomic(run.out / name, data)
     names = {s['name'] for s in run.shards}
     for path in run.out.iterdir():
         if shards.is_shard_file(path.name) and path.name not in names:
