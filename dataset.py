@@ -24,6 +24,7 @@ from datasets.frame_check import check_videos, count_short_videos, default_cache
 from datasets.loader import make_loader
 from datasets.samplers import ShardSampler
 from datasets.spatial_transforms import build_eval_transform, build_train_transform, get_mean_std
+from datasets.storage import open_shards
 from datasets.synthetic import prepare_synthetic
 from datasets.temporal_transforms import (
     SlidingWindow,
@@ -35,9 +36,10 @@ from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
 from utils.device_batches import BatchDecoder, DeviceLoader, ToDevice
 from utils.distributed import barrier
-from utils.errors import USER_ERRORS, DataError, OptionError
+from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
 from utils.preemption import shield_loader_worker, stop_signals_blocked
 from utils.resumable_data import ResumableSampler, SeededSamples, seed_everything
+from utils.urls import redact_url
 
 DEFAULT_SYNTHETIC_ROOT = Path('data') / 'synthetic'
 INDEX_CACHE_DIR = 'data_index'
@@ -65,6 +67,25 @@ def data_paths(opt, ctx):
     return Path(video_path), opt.annotation_path or Path(annotation_path)
 
 
+def video_store(opt, video_path):
+    """(file_type, ShardStore or None) of the run: a --video_path holding
+    util_scripts.make_shards' output (a folder with its index, or a URL) is read
+    through a ShardStore (datasets/storage.py), the file type its index's."""
+    if opt.dataset == 'synthetic' or video_path is None:
+        return opt.file_type, None
+    store = open_shards(video_path, opt.storage_options, opt.shard_cache, int(opt.shard_cache_gb * 2**30))
+    if store is None:
+        return opt.file_type, None
+    file_type = store.index().file_type
+    if opt.input_type == 'flow' and file_type != 'hdf5':
+        raise OptionError(f'--input_type flow needs hdf5 payloads, and the shards at {redact_url(store.location)} '
+                          f'hold {file_type} files')
+    if opt.decode_device == 'cuda' and file_type == 'video':
+        raise OptionError('--decode_device cuda decodes JPEG frames, and these shards hold video files: '
+                          'leave --decode_device out')
+    return file_type, store
+
+
 def _mean_std(opt):
     return get_mean_std(opt.value_scale, dataset=opt.mean_dataset,
                         no_mean_norm=opt.no_mean_norm, no_std_norm=opt.no_std_norm)
@@ -73,16 +94,17 @@ def _mean_std(opt):
 def _record_table(opt, record, subset):
     """The subset's records as a compact RecordTable, cached under
     <result_path>/data_index/ (a second start-up skips the annotation JSON)."""
+    shards = record.shards.index() if record.shards is not None else None
     records, class_names, _ = load_record_table(
         record.annotation_path, subset, record.video_path, opt.dataset,
-        file_type=opt.file_type, cache_dir=opt.result_path / INDEX_CACHE_DIR)
+        file_type=record.file_type, cache_dir=opt.result_path / INDEX_CACHE_DIR, shards=shards)
     return records, class_names
 
 
 def _checked_records(opt, record, subset):
     records, class_names = _record_table(opt, record, subset)
-    check_videos(records, opt.file_type, mode=opt.check_frames, input_type=opt.input_type,
-                 cache_dir=default_cache_dir())
+    check_videos(records, record.file_type, mode=opt.check_frames, input_type=opt.input_type,
+                 cache_dir=default_cache_dir(), store=record.shards)
     return records, class_names
 
 
@@ -168,16 +190,18 @@ def _finish(dataset, spatial, record):
     return dataset
 
 
-def clip_loader(file_type, input_type, index_dir=None, defer_decoding=False):
+def clip_loader(file_type, input_type, index_dir=None, defer_decoding=False, store=None):
     """The clip loader of a file type (datasets/loader.py), for training,
     validation, inference and predict.py alike: frames are decoded (JPEG) or
     converted to RGB (video, FFmpeg's scaler) at the scale the spatial
     transform's planned crop needs. With ``index_dir`` a video loader demuxes
     each video's frame index (keyframes, timestamps) once per run, not once per
     open, kept across epochs and workers (datasets/video_index.py).
-    defer_decoding: JPEG bytes for the main process to decode (--decode_device)."""
-    loader = make_loader(file_type, input_type, defer_decoding=defer_decoding)
-    if file_type == 'video' and index_dir is not None:
+    defer_decoding: JPEG bytes for the main process to decode (--decode_device).
+    store: the ShardStore the payloads are read from (its videos' frame indexes
+    are demuxed from the bytes in memory on each open)."""
+    loader = make_loader(file_type, input_type, defer_decoding=defer_decoding, store=store)
+    if file_type == 'video' and index_dir is not None and store is None:
         loader.frame_table = FrameTable(index_dir)
         loader.frame_table.compact()
     return loader
@@ -215,8 +239,8 @@ def get_training_data(opt, record, ctx=None):
                                     hflip=not opt.no_hflip, colorjitter=opt.colorjitter,
                                     mean=mean, std=std, value_scale=opt.value_scale,
                                     randaugment=opt.randaugment, random_erasing=opt.random_erasing)
-    loader = clip_loader(opt.file_type, opt.input_type, index_dir=_index_dir(opt),
-                         defer_decoding=record.decode_on_device)
+    loader = clip_loader(record.file_type, opt.input_type, index_dir=_index_dir(opt),
+                         defer_decoding=record.decode_on_device, store=record.shards)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -224,7 +248,8 @@ def get_validation_data(opt, record, ctx=None):
     """One item per video: n_val_samples clips spread evenly over it."""
     records, class_names = _records(opt, record, 'validation', ctx)
     temporal, spatial = eval_views(opt, opt.n_val_samples, 0, 'center')
-    loader = clip_loader(opt.file_type, opt.input_type, _index_dir(opt), record.decode_on_device)
+    loader = clip_loader(record.file_type, opt.input_type, _index_dir(opt), record.decode_on_device,
+                         record.shards)
     return _finish(VideoClipDataset(records, loader, temporal, spatial), spatial, record), class_names
 
 
@@ -235,7 +260,8 @@ def get_inference_data(opt, record, ctx=None):
     records, class_names = _records(opt, record, SUBSET_NAMES[opt.inference_subset], ctx)
     temporal, spatial = eval_views(opt, opt.inference_n_clips, opt.inference_stride,
                                    opt.inference_crop)
-    loader = clip_loader(opt.file_type, opt.input_type, _index_dir(opt), record.decode_on_device)
+    loader = clip_loader(record.file_type, opt.input_type, _index_dir(opt), record.decode_on_device,
+                         record.shards)
     return _finish(VideoWindowDataset(records, loader, temporal, spatial), spatial, record), \
         class_names
 
@@ -256,7 +282,7 @@ class VideoDataLoader(DataLoader):
             batches = super().__iter__()
         for batch in batches:
             if isinstance(batch, BadVideo):
-                raise DataError(batch.message)
+                raise (StorageError if batch.storage else DataError)(batch.message)
             yield batch
 
 

@@ -51,6 +51,7 @@ from utils.preemption import Preempted, StopRequest, agree_to_stop
 from utils.result_folder import ResultFolderLock, claim_result_folder, refuse_or_clear_other_run
 from utils.resumable_data import epoch_seed, restart_seed, start_epoch
 from utils.run_record import RunRecord
+from utils.urls import redact_url
 from validation import describe_validation, val_epoch
 
 
@@ -133,6 +134,10 @@ def prepare(opt, ctx):
         # bf16 conv3d backward gave sporadic infinite weight gradients here.
         log(ctx, '--amp is ignored on CPU: training in float32')
     video_path, annotation_path = data.data_paths(opt, ctx)
+    file_type, shards = data.video_store(opt, video_path)
+    if shards is not None:
+        log(ctx, f'reading {len(shards.index())} videos from the shards at {redact_url(shards.location)} '
+                 f'(file type {file_type}, from their index)')
     resume = ckpt.resume_path(opt, ctx)
     if resume is None and not opt.no_train:
         on_main_rank(ctx, lambda: refuse_or_clear_other_run(opt.result_path, opt.overwrite))
@@ -148,7 +153,7 @@ def prepare(opt, ctx):
         normalize_on_device=opt.normalize_on_device == 'on' or
         (opt.normalize_on_device == 'auto' and ctx.device.type == 'cuda'),
         decode_on_device=data.decode_on_device(opt, ctx),
-        video_path=video_path, annotation_path=annotation_path,
+        video_path=video_path, annotation_path=annotation_path, file_type=file_type, shards=shards,
         resume_path=resume, schedule_changes=ckpt.schedule_changes(opt, checkpoint, defaults),
         **ckpt.fine_tuning_settings(opt, checkpoint, resume, defaults))
     return record, checkpoint

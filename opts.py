@@ -14,6 +14,7 @@ from pathlib import Path
 
 from models.x3d_sizes import SIZES as X3D_SIZES
 from utils.cli import Parser
+from utils.urls import redact_url, video_location
 
 # Used when --dataset synthetic and the option was not given: a small network
 # on tiny clips that learns the built-in data set in under a minute on 2 CPU cores.
@@ -60,8 +61,9 @@ def build_parser():
     _add(g, '--root_path', default=None, type=Path,
          help='If set, prefixed to video_path, annotation_path, result_path, '
               'resume_path, pretrain_path and inflate_from')
-    _add(g, '--video_path', default=None, type=Path,
-         help='Root of the frame folders (jpg) or hdf5 files')
+    _add(g, '--video_path', default=None, type=video_location,
+         help='Root of the frame folders (jpg), hdf5 or video files; or the shards util_scripts.make_shards '
+              'wrote: their folder, an http(s):// or s3://bucket/prefix URL (docs/data.md)')
     _add(g, '--annotation_path', default=None, type=Path,
          help='Annotation JSON file')
     _add(g, '--result_path', default=None, type=Path,
@@ -70,6 +72,15 @@ def build_parser():
          help='opts.json of an earlier run: every option as that run was given it, the '
               'command line on top (--resume_path, --auto_resume and --overwrite are not '
               'carried over)')
+    _add(g, '--storage_options', default=None, type=str,
+         help='JSON object of fsspec options for a --video_path URL, e.g. \'{"endpoint_url": '
+              '"http://127.0.0.1:9000"}\' for an S3-compatible server; never credentials (S3: the AWS '
+              'environment variables or ~/.aws; HTTP: user:password@ in the URL)')
+    _add(g, '--shard_cache', default=None, type=Path,
+         help='Folder that keeps the videos read from shards at a URL (each worker reads a video '
+              'from it after its first epoch), at most --shard_cache_gb')
+    _add(g, '--shard_cache_gb', default=10.0, type=float,
+         help='Bound of --shard_cache in GB (least recently used videos removed first)')
 
     g = p.add_argument_group('data')
     _add(g, '--dataset', default='kinetics', type=str,
@@ -302,7 +313,7 @@ def _resolve_paths(opt):
     if opt.root_path is not None:
         for name in PATH_OPTIONS:
             value = getattr(opt, name)
-            if value is not None:
+            if value is not None and not (isinstance(value, str) and '://' in value):
                 setattr(opt, name, opt.root_path / value)
 
 
@@ -329,6 +340,13 @@ def _check(opt):
         if opt.video_path is None or opt.annotation_path is None:
             _fail(f'--video_path and --annotation_path are required for --dataset '
                   f'{opt.dataset} (or use --dataset synthetic, which needs no download)')
+    if opt.storage_options is not None:
+        from datasets.storage import check_storage_options  # numpy: only when given
+        from utils.errors import OptionError
+        try:
+            check_storage_options(opt.storage_options)
+        except OptionError as e:
+            _fail(f'--{e}')
     if opt.input_type == 'flow' and opt.file_type != 'hdf5':
         _fail('--input_type flow needs --file_type hdf5 (datasets video_u/video_v)')
     if opt.decode_device == 'cuda' and (opt.file_type == 'video' or opt.input_type == 'flow'):
@@ -446,8 +464,9 @@ def option_defaults(dataset=None):
 
 
 def opts_to_dict(opt):
-    """JSON-safe dict of the options (paths as strings)."""
-    return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(opt).items()}
+    """JSON-safe dict of the options (paths as strings, a URL's password hidden)."""
+    return {k: (str(v) if isinstance(v, os.PathLike) else redact_url(v) if k == 'video_path' and v else v)
+            for k, v in vars(opt).items()}
 
 
 def save_opts(opt, path, run=None):

@@ -165,8 +165,8 @@ def path_signature(path) -> list[int] | None:
 
 
 def load_annotations(annotation_path, subset: str, video_path, dataset: str,
-                     file_type: str = 'jpg',
-                     depends: dict | None = None) -> tuple[list[VideoRecord], list[str]]:
+                     file_type: str = 'jpg', depends: dict | None = None,
+                     count=None) -> tuple[list[VideoRecord], list[str]]:
     """Records of ``subset`` ('training' | 'validation' | 'testing') and the class names.
 
     Paths: ``<video_path>/<label>/<video_id>`` (jpg), ``...<video_id>.hdf5``
@@ -185,6 +185,9 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
     folders the videos' paths were made in (class folders; one listing each for video
     files) and each video counted from disk.  While they all match, records built
     again would be the same.
+
+    ``count``: path -> frame count or None, for the entries without a segment in
+    place of the count from disk (a shard index's, datasets/shards.py).
     """
     if subset not in SUBSETS:
         raise DataError(f"subset must be one of {SUBSETS}, got {subset!r}")
@@ -200,7 +203,7 @@ def load_annotations(annotation_path, subset: str, video_path, dataset: str,
                                        video_path, file_type, depends)
     elif dataset.lower() in STANDARD_DATASETS:
         records = _standard_records(database, class_names, annotation_path, subset,
-                                    video_path, file_type, depends)
+                                    video_path, file_type, depends, count)
     else:
         raise DataError(f"unknown dataset {dataset!r}: expected one of "
                         f"{STANDARD_DATASETS + ('activitynet',)}")
@@ -212,7 +215,8 @@ def _note(depends: dict | None, path) -> None:
         depends[str(path)] = path_signature(path)
 
 
-def _standard_records(database, class_names, path, subset, video_path, file_type, depends=None):
+def _standard_records(database, class_names, path, subset, video_path, file_type, depends=None,
+                      count=None):
     class_ids = {name: i for i, name in enumerate(class_names)}
     suffix = _suffixer(file_type, depends)
     records = []
@@ -240,7 +244,7 @@ def _standard_records(database, class_names, path, subset, video_path, file_type
         segment = ann.get('segment')
         if segment is None:
             _note(depends, vpath)
-            n = _count_frames(vpath, file_type)
+            n = count(vpath) if count is not None else _count_frames(vpath, file_type)
             if n is None:
                 skipped += 1
                 continue

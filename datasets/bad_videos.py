@@ -52,7 +52,7 @@ class SkipBadVideos(Dataset):
                 item = self.dataset[j]
             except DataError as e:
                 item = BadVideo(str(e))
-            if not isinstance(item, BadVideo):  # in a worker errors come back as values
+            if not isinstance(item, BadVideo) or item.storage:  # in a worker errors come back as values
                 return item
             first_error = first_error or item.message
             self.record_bad(j, item.message)

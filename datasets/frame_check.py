@@ -219,10 +219,35 @@ def _check_one(item) -> str | None:
     return None
 
 
+def _check_member(item) -> str | None:
+    path, needed, file_type, index = item
+    n = index.n_frames(path)
+    if n is None:
+        return f'{path}: not in the shard index of {index.source}'
+    if file_type == 'hdf5' and n < needed:  # a video file's count is not compared (see _check_video_file)
+        return f'{path}: needs {needed} frames but has {n} (in the shard index)'
+    return None
+
+
+def _shard_problems(records, store, file_type, mode, input_type, n_threads, n_sample):
+    """check_videos on make_shards' output: each video looked up in the index (its
+    frame count there; no payload is read), and with 'decode' every needed frame
+    read and decoded through the store."""
+    ranges = needed_ranges(records)
+    items = [(path, spans[-1][1], file_type, store.index()) for path, spans in ranges.items()]
+    if n_sample is not None and n_sample < len(items):
+        items = random.Random(0).sample(items, n_sample)
+    problems = _problems(_check_member, items, 1)
+    if mode == 'decode' and not problems:
+        loader = make_loader(file_type, input_type, store=store)
+        problems = _problems(lambda item: _check_decode(item[0], ranges[item[0]], loader), items, n_threads)
+    return problems, len(items)
+
+
 def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
                  n_sample: int | None = None, max_listed: int = 5,
                  n_threads: int = 16, mode: str = 'last', input_type: str = 'rgb',
-                 cache_dir=None) -> None:
+                 cache_dir=None, store=None) -> None:
     """Verify that every video exists and has the frames its segment needs.
 
     ``mode`` 'last': one look per video (jpg: stat the last needed
@@ -234,9 +259,13 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
     a clean 'all'/'decode' result is cached in ``cache_dir``.  Runs on a
     thread pool so that network file systems are fast too.  ``n_sample``:
     check only that many videos drawn at random (fixed seed).  Raises
-    :class:`DataError` listing the first bad videos.
+    :class:`DataError` listing the first bad videos.  ``store``: the records are
+    REL keys of make_shards' output (datasets/storage.py): checked in its index.
     """
     listing = mode == 'decode' or (mode == 'all' and file_type == 'jpg')
+    if store is not None:
+        problems, n_items = _shard_problems(records, store, file_type, mode, input_type, n_threads, n_sample)
+        return _raise_problems(problems, n_items, file_type, mode, max_listed, shards=True)
     if not listing:
         needed: dict[str, int] = {}
         for r in records:
@@ -252,6 +281,16 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
         problems = check_frames(items, mode, file_type, input_type, n_threads, cache_dir)
     else:
         problems = _problems(_check_one, items, n_threads)
+    _raise_problems(problems, len(items), file_type, mode, max_listed)
+
+
+def _raise_problems(problems, n_items, file_type, mode, max_listed, shards=False):
+    if problems and shards:
+        raise DataError(f'{len(problems)} of {n_items} videos are missing, too short or unreadable in the '
+                        f'shards ({file_type}, --check_frames {mode}):\n  ' + '\n  '.join(problems[:max_listed]) +
+                        (f'\n  ... and {len(problems) - max_listed} more' if len(problems) > max_listed else '') +
+                        '\nFix: make the shards again from fixed videos (util_scripts.make_shards with this '
+                        'annotation), or remove their entries; also check --video_path')
     if problems:
         redo = ('re-download or re-encode these videos' if file_type == 'video' else
                 're-extract the frames of these videos (util_scripts generate_video_jpgs / '
@@ -261,7 +300,7 @@ def check_videos(records: Sequence[VideoRecord], file_type: str = 'jpg',
         listed = '\n  '.join(problems[:max_listed])
         more = f'\n  ... and {len(problems) - max_listed} more' \
             if len(problems) > max_listed else ''
-        raise DataError(f'{len(problems)} of {len(items)} videos are missing, too short or '
+        raise DataError(f'{len(problems)} of {n_items} videos are missing, too short or '
                         f'unreadable ({file_type}, --check_frames {mode}):\n  {listed}{more}\n'
                         f'Fix: {fix}')
 

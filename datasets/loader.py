@@ -43,6 +43,7 @@ __all__ = ['JpgClipLoader', 'Hdf5ClipLoader', 'Hdf5FlowLoader', 'EncodedClip', '
 # says what else can be done, e.g. leave the video out).
 _REEXTRACT = 're-extract the frames of this video (util_scripts generate_video_jpgs / generate_video_hdf5)'
 _CHANNELS = {'RGB': 3, 'GRAY': 1}
+SHARD_MEMBERS_OPEN = 8  # hdf5 payloads of shards kept in memory per process
 
 
 def _unique(positions: Sequence[int]):
@@ -258,8 +259,16 @@ class JpgClipLoader:
         return self.read(video_dir, positions).decode()
 
 
-def _open_hdf5(path: str):
+def _open_hdf5(path: str, store=None):
+    """The hdf5 file at ``path``, or with a ShardStore (datasets/storage.py) the
+    payload of REL ``path`` read into memory (one ranged read)."""
     import h5py
+    if store is not None:
+        try:
+            return h5py.File(store.open_member(path), 'r')
+        except OSError as e:
+            raise DataError(f'hdf5 video {store.where(path)} cannot be opened ({e}): {_REEXTRACT}, '
+                            f'then util_scripts.make_shards again') from None
     try:
         return h5py.File(path, 'r')
     except FileNotFoundError:
@@ -274,20 +283,23 @@ class Hdf5ClipLoader:
 
     Keeps the files it opened per process (``max_open`` at most, the least
     recently used closed first: datasets/open_files.py); files are opened
-    lazily on first use and never shared between processes.
+    lazily on first use and never shared between processes.  With ``store`` (a
+    ShardStore) paths are REL keys of its shards, each file read into memory
+    whole (fewer of them kept).
     """
     keys: tuple[str, ...] = HDF5_RGB_KEYS
     colorspace = 'RGB'
     defer_decoding = False  # True: the data set hands over DeferredClips
 
-    def __init__(self, max_open: int = 64):
-        self._files = OpenFiles(max_open)
+    def __init__(self, max_open: int = 64, store=None):
+        self.store = store
+        self._files = OpenFiles(max_open if store is None else min(max_open, SHARD_MEMBERS_OPEN))
 
     def close(self):
         self._files.close()
 
     def _open(self, path: str):
-        return self._files.get(path, _open_hdf5)
+        return self._files.get(path, lambda p: _open_hdf5(p, self.store))
 
     def _read(self, f, path: str, key: str, uniq: list[int]) -> list[np.ndarray]:
         try:
@@ -326,23 +338,27 @@ class Hdf5FlowLoader(Hdf5ClipLoader):
 
 
 def make_loader(file_type: str = 'jpg', input_type: str = 'rgb', short_side: int | None = None,
-                defer_decoding: bool = False):
+                defer_decoding: bool = False, store=None):
     """jpg+rgb -> JpgClipLoader, hdf5+rgb -> Hdf5ClipLoader, hdf5+flow -> Hdf5FlowLoader,
     video+rgb -> datasets.video.VideoClipLoader (decoded frames resized by FFmpeg to
     ``short_side`` if given: for transforms that resize the short side first).
-    ``defer_decoding``: the JPEG RGB loaders' data sets hand over DeferredClips."""
+    ``defer_decoding``: the JPEG RGB loaders' data sets hand over DeferredClips.
+    ``store``: a ShardStore the hdf5 and video payloads are read from (make_shards
+    packs jpg folders as hdf5)."""
     if defer_decoding and (input_type != 'rgb' or file_type not in ('jpg', 'hdf5')):
         raise ValueError('only jpg and hdf5 RGB frames are decoded on the device')
+    if store is not None and file_type == 'jpg':
+        raise ValueError('shards hold hdf5 or video payloads (make_shards packs jpg folders as hdf5)')
     if input_type == 'rgb':
         if file_type in ('jpg', 'hdf5'):
-            loader = JpgClipLoader() if file_type == 'jpg' else Hdf5ClipLoader()
+            loader = JpgClipLoader() if file_type == 'jpg' else Hdf5ClipLoader(store=store)
             loader.defer_decoding = defer_decoding
             return loader
         if file_type == 'video':
-            return VideoClipLoader(short_side=short_side)
+            return VideoClipLoader(short_side=short_side, store=store)
     elif input_type == 'flow':
         if file_type == 'hdf5':
-            return Hdf5FlowLoader()
+            return Hdf5FlowLoader(store=store)
         where = {'jpg': 'jpg folders', 'video': 'video files'}.get(file_type)
         if where is not None:  # main.py's options and predict.py's inputs alike
             raise DataError(f'optical flow (--input_type flow) is read from hdf5 files '

@@ -230,7 +230,8 @@ class ShardIndex:
     Lookups bisect the sorted path array (np.searchsorted): no Python object per
     video, so that an index of 650,000 videos loads in a fraction of a second."""
 
-    def __init__(self, info: dict, columns: dict, source: str = 'index'):
+    def __init__(self, info: dict, columns: dict, source: str = 'index', digest: str = ''):
+        self.source, self.digest = source, digest  # digest: of index.json, which lists every shard's sha256
         if not isinstance(info, dict) or info.get('format') != FORMAT:
             raise DataError(f'{source}: not a video-shards index (format {FORMAT!r} expected)')
         if info.get('version') != VERSION:
@@ -257,7 +258,7 @@ class ShardIndex:
                 columns = {name: npz[name] for name in npz.files}
         except (ValueError, OSError, zipfile.BadZipFile) as e:
             raise DataError(f'{source}: unreadable index ({e})') from None
-        return cls(info, columns, source)
+        return cls(info, columns, source, hashlib.sha256(index_json).hexdigest()[:16])
 
     @classmethod
     def load(cls, folder) -> ShardIndex:
@@ -276,19 +277,33 @@ class ShardIndex:
     def __contains__(self, rel: str) -> bool:
         return self.find(rel) is not None
 
-    def find(self, rel: str) -> int | None:
-        """Row number of REL, None when the index has no such video."""
+    def _row(self, rel: str) -> int | None:
         i = int(np.searchsorted(self.paths, rel))
         return i if i < len(self.paths) and self.paths[i] == rel else None
+
+    def find(self, rel: str) -> int | None:
+        """Row number of REL, None when the index has no such video.  A record path with
+        a file's extension (an annotation entry's own "video_path": x/y.mp4) is found
+        under REL without it, as make_shards stored it."""
+        i = self._row(rel)
+        stem, ext = os.path.splitext(rel)
+        if i is None and ext.lower() in HDF5_SUFFIXES + VIDEO_EXTENSIONS:
+            i = self._row(stem)
+        return i
+
+    def n_frames(self, rel: str) -> int | None:
+        """The frame count make_shards stored for REL, None when it is not indexed."""
+        i = self.find(rel)
+        return None if i is None else int(self.columns['n_frames'][i])
 
     def entry(self, rel: str) -> ShardEntry:
         i = self.find(rel)
         if i is None:
             raise KeyError(rel)
         c = self.columns
-        return ShardEntry(rel, self.shard_names[int(c['shard'][i])], int(c['offset'][i]), int(c['size'][i]),
-                          int(c['meta_offset'][i]), int(c['meta_size'][i]), int(c['n_frames'][i]),
-                          str(c['ext'][i]))
+        return ShardEntry(str(self.paths[i]), self.shard_names[int(c['shard'][i])], int(c['offset'][i]),
+                          int(c['size'][i]), int(c['meta_offset'][i]), int(c['meta_size'][i]),
+                          int(c['n_frames'][i]), str(c['ext'][i]))
 
     def lookup(self, rel: str) -> tuple[str, int, int]:
         """(shard name, offset, size) of REL's payload; KeyError when absent."""

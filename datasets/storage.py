@@ -18,21 +18,24 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import sys
+import tarfile
 import time
 from pathlib import Path
 
-from datasets.shards import INDEX_JSON, INDEX_NPZ, ShardIndex
+from datasets.shards import BLOCK, INDEX_JSON, INDEX_NPZ, ShardIndex, escape_key
 from utils.errors import DataError, OptionError, StorageError
 from utils.urls import redact_url
 
-__all__ = ['ShardStore', 'check_storage_options', 'SECRET_OPTIONS']
+__all__ = ['ShardStore', 'open_shards', 'check_storage_options', 'SECRET_OPTIONS']
 
 SECRET_OPTIONS = frozenset({'key', 'secret', 'token', 'password', 'passwd', 'session_token', 'authorization',
                             'aws_access_key_id', 'aws_secret_access_key', 'aws_session_token'})
 MAX_OPEN_FILES = 64  # local shards kept open per process
+RETRIES, BACKOFF_S = 4, 0.5  # a failed read is tried 4 more times, after 0.5, 1, 2 and 4 s
 _INHERITED = []  # filesystems a forked child found: kept alive, so that their finalizers never close the parent's
 
 
@@ -119,8 +122,8 @@ class ShardStore:
     ``retries``: further tries of a failed network read, after ``backoff``, 2 x
     ``backoff``, ... seconds."""
 
-    def __init__(self, location, storage_options=None, cache_dir=None, cache_bytes=10 * 2**30, retries=4,
-                 backoff=0.5):
+    def __init__(self, location, storage_options=None, cache_dir=None, cache_bytes=10 * 2**30, retries=None,
+                 backoff=None):
         location = os.fspath(location)
         if location.startswith('file://'):
             location = location[len('file://'):]
@@ -128,7 +131,9 @@ class ShardStore:
         self.remote = '://' in location
         self.storage_options = check_storage_options(storage_options)
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        self.cache_bytes, self.retries, self.backoff = int(cache_bytes), int(retries), float(backoff)
+        self.cache_bytes = int(cache_bytes)
+        self.retries = RETRIES if retries is None else int(retries)
+        self.backoff = BACKOFF_S if backoff is None else float(backoff)
         self.cache_hits = self.cache_misses = 0
         self._index = None
         self._drop_handles()
@@ -241,23 +246,44 @@ class ShardStore:
         return self._index
 
     def read_member(self, rel) -> bytes:
-        """The payload of video REL (one ranged read, or the cache)."""
+        """The payload of video REL: one ranged read of its member with the tar header
+        before it (checked against the index: a shard that does not match its index is
+        never decoded as another video), or the cache."""
         try:
-            shard, offset, size = self.index().lookup(rel)
+            entry = self.index().entry(rel)
         except KeyError:
             raise DataError(f'{redact_url(self.location)}: the shard index has no video {rel!r}: re-run '
                             'util_scripts.make_shards for this annotation (or check --video_path)') from None
+        shard, offset, size = entry.shard, entry.offset, entry.size
         cached = self._cache_path(shard, offset, size)
         data = self._cache_get(cached, size)
-        if data is None:
-            data = self.read_range(shard, offset, size)
-            if len(data) == size:
-                self._cache_put(cached, data)
+        if data is not None:
+            return data
+        data = self.read_range(shard, offset - BLOCK, size + BLOCK)
+        if len(data) < BLOCK:
+            data = b''
+        else:
+            _check_header(data[:BLOCK], f'{escape_key(entry.path)}.{entry.ext}', size,
+                          f'{redact_url(self.url(shard))}: video {entry.path!r}')
+            data = data[BLOCK:]
         if len(data) < size:
-            raise DataError(f'{redact_url(self.url(shard))}: video {rel!r} is cut short ({len(data)} of {size} '
-                            f'bytes at offset {offset}), the shard is truncated: re-run util_scripts.make_shards '
-                            f'and re-upload {shard}')
+            raise DataError(f'{redact_url(self.url(shard))}: video {entry.path!r} is cut short ({len(data)} of '
+                            f'{size} bytes at offset {offset}), the shard is truncated: re-run '
+                            f'util_scripts.make_shards and re-upload {shard}')
+        self._cache_put(cached, data)
         return data
+
+    def open_member(self, rel) -> io.BytesIO:
+        """Video REL's payload as a file object, what av.open and h5py.File take."""
+        return io.BytesIO(self.read_member(rel))
+
+    def where(self, rel) -> str:
+        """Video REL and the shard holding it, for messages."""
+        try:
+            shard = self.index().entry(rel).shard
+        except KeyError:
+            shard = 'no shard'
+        return f'{rel} ({shard} of {redact_url(self.location)})'
 
     # ------------------------------------------------------------ the cache
 
@@ -302,6 +328,33 @@ class ShardStore:
         if self._cache_used is None or used > self.cache_bytes or self._cache_unscanned > self.cache_bytes // 16:
             used, self._cache_unscanned = _evict(self.cache_dir, self.cache_bytes), 0
         self._cache_used = used
+
+
+def _check_header(block: bytes, name: str, size: int, what: str) -> None:
+    """The tar header right before a payload names its member and gives its size
+    (a long name's header holds its first 100 bytes: the GNU LongLink before it has the rest)."""
+    try:
+        info = tarfile.TarInfo.frombuf(block, 'utf-8', 'surrogateescape')
+        found = (info.name, info.size)
+    except tarfile.TarError:
+        found = None
+    expected = (name.encode('utf-8', 'surrogateescape')[:100].decode('utf-8', 'surrogateescape'), size)
+    if found != expected:
+        got = 'no tar header' if found is None else f'member {found[0]!r} of {found[1]} bytes'
+        raise DataError(f'{what}: the index points at {got}, not {name!r} of {size} bytes: the shard and its '
+                        'index do not match (a shard re-made or re-uploaded without its index?): upload '
+                        'the shards and index.json/index.npz of one make_shards run')
+
+
+def open_shards(video_path, storage_options=None, cache_dir=None, cache_bytes=10 * 2**30):
+    """The ShardStore of a --video_path holding make_shards' output (any URL, or a folder
+    with its index.json), its index read; None for a folder of videos or frames."""
+    location = os.fspath(video_path)
+    if '://' not in location and not os.path.isfile(os.path.join(location, INDEX_JSON)):
+        return None
+    store = ShardStore(location, storage_options, cache_dir, cache_bytes)
+    store.index()  # a wrong URL or a missing index is one line at start-up, not in a worker
+    return store
 
 
 def _pread_all(fd, offset, size):

@@ -50,8 +50,12 @@ def _av():
     return av
 
 
-def _open(path: str):
+def _open(path: str, store=None):
+    """The container of the video file at ``path``, or with a ShardStore
+    (datasets/storage.py) of its payload REL ``path`` (one ranged read)."""
     av = _av()
+    if store is not None:
+        return _open_member(av, path, store)
     try:
         container = av.open(path)
     except FileNotFoundError:
@@ -62,9 +66,23 @@ def _open(path: str):
                             f'(the moov box, written last) is missing, no frame can be read: '
                             f'{_REENCODE}') from None
         raise DataError(f'video file {path} cannot be opened ({e}): {_REENCODE}') from None
+    return _with_video(container, path)
+
+
+def _open_member(av, rel: str, store):
+    payload = store.open_member(rel)
+    try:
+        container = av.open(payload)
+    except (av.FFmpegError, OSError, UnicodeDecodeError) as e:
+        raise DataError(f'video {store.where(rel)} cannot be opened ({e}): {_REENCODE}, then '
+                        f'util_scripts.make_shards again') from None
+    return _with_video(container, store.where(rel))
+
+
+def _with_video(container, name: str):
     if not container.streams.video:
         container.close()
-        raise DataError(f'video file {path} has no video stream: {_REENCODE}')
+        raise DataError(f'video file {name} has no video stream: {_REENCODE}')
     return container
 
 
@@ -520,8 +538,8 @@ def count_frames(path, exact: bool = False) -> tuple[int, str]:
 class _OpenVideo:
     """An open container, its video stream and FrameIndex (scanned on open unless given)."""
 
-    def __init__(self, path: str, threads: int, index: FrameIndex | None = None):
-        self.path, self.threads = path, threads
+    def __init__(self, path: str, threads: int, index: FrameIndex | None = None, store=None):
+        self.path, self.threads, self.store = path, threads, store
         self.reader = None  # a weak reference to the VideoClip decoding from it (loader.read)
         self._open_container()
         if index is None:
@@ -529,7 +547,7 @@ class _OpenVideo:
         self.index = index
 
     def _open_container(self):
-        self.container = _open(self.path)
+        self.container = _open(self.path, self.store)
         self.stream = self.container.streams.video[0]
         _set_threads(self.stream, self.threads)
 
@@ -670,7 +688,7 @@ def _index_error(path: str, index: FrameIndex, positions) -> DataError | None:
     return None
 
 
-def check_video_frames(path, needed: int) -> str | None:
+def check_video_frames(path, needed: int, store=None) -> str | None:
     """What the clip loader would find wrong reading frames 0 to ``needed`` - 1 of a
     video, by the loader's own rule: the file cannot be opened, has no frames, or is
     cut short before ``needed`` (past the end of a whole file clips are loop-padded:
@@ -679,7 +697,7 @@ def check_video_frames(path, needed: int) -> str | None:
     nothing is wrong."""
     path = os.fspath(path)
     try:
-        with _open(path) as container:
+        with _open(path, store) as container:
             stream = container.streams.video[0]
             if _whole_by_its_index(container, stream):
                 return None  # a whole file: clips past its end are loop-padded
@@ -732,10 +750,11 @@ class VideoClipLoader:
     """
 
     def __init__(self, short_side: int | None = None, threads: int | None = None,
-                 max_open: int = 8, frame_table=None):
+                 max_open: int = 8, frame_table=None, store=None):
         self.short_side = short_side
         self.threads = threads
         self.frame_table = frame_table
+        self.store = store  # a ShardStore: paths are REL keys of its shards (datasets/storage.py)
         self._open = OpenFiles(max_open)  # also this process's scaler (its local)
         self.stats: dict = {}  # 'decoded': frames decoded so far in this process
 
@@ -749,7 +768,7 @@ class VideoClipLoader:
 
     def _open_video(self, path: str) -> _OpenVideo:
         index, key = self.frame_table.get(path) if self.frame_table is not None else (None, None)
-        video = _OpenVideo(path, self._threads(), index)
+        video = _OpenVideo(path, self._threads(), index, self.store)
         if index is None and key is not None:
             self.frame_table.add(key, video.index)
         opened = 'scanned' if index is None else 'stored'

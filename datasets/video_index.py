@@ -151,34 +151,43 @@ class RecordTable(Sequence):
             return table, json.loads(str(data['class_names']))
 
 
-def _cache_key(annotation_path, subset, video_path, dataset, file_type) -> str:
+def _cache_key(annotation_path, subset, videos: str, dataset, file_type) -> str:
     """What names the cache file; the videos' folders are checked by RecordTable.load."""
     annotation = Path(annotation_path).resolve()
-    video = Path(video_path).resolve() if video_path is not None else Path('.').resolve()
     st = annotation.stat()
-    key = json.dumps([FORMAT_VERSION, str(annotation), st.st_size, st.st_mtime_ns, str(video),
+    key = json.dumps([FORMAT_VERSION, str(annotation), st.st_size, st.st_mtime_ns, videos,
                       subset, dataset.lower(), file_type])
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
 def load_record_table(annotation_path, subset: str, video_path, dataset: str,
-                      file_type: str = 'jpg',
-                      cache_dir=None) -> tuple[RecordTable, list[str], bool]:
+                      file_type: str = 'jpg', cache_dir=None,
+                      shards=None) -> tuple[RecordTable, list[str], bool]:
     """(table, class names, whether the cache was used): load_annotations' records as
-    a RecordTable, read from / written to ``cache_dir`` when given."""
+    a RecordTable, read from / written to ``cache_dir`` when given.  ``shards``: the
+    ShardIndex of make_shards' output at ``video_path`` (datasets/shards.py): each
+    record's path is its video's REL (``<label>/<video_id>``), the cache depends on
+    the annotation and the index, not on any folder."""
     cache = None
     if cache_dir is not None and Path(annotation_path).is_file():
-        key = _cache_key(annotation_path, subset, video_path, dataset, file_type)
+        videos = (f'shards {shards.source} {shards.digest}' if shards is not None else
+                  str(Path(video_path if video_path is not None else '.').resolve()))
+        key = _cache_key(annotation_path, subset, videos, dataset, file_type)
         cache = Path(cache_dir) / f'records_{subset}_{key}.npz'
         if cache.is_file():
             try:
                 return (*RecordTable.load(cache), True)
             except (OSError, ValueError, KeyError):
                 pass  # damaged, or the videos changed: rebuild below
-    depends = {} if cache is not None else None
-    records, class_names = load_annotations(annotation_path, subset, video_path, dataset,
-                                            file_type=file_type, depends=depends)
-    table = RecordTable.from_records(records, video_path if video_path is not None else '.')
+    depends = {} if cache is not None and shards is None else None
+    if shards is not None:  # jpg naming: <label>/<video_id>, no listing, no extension
+        records, class_names = load_annotations(annotation_path, subset, '', dataset, file_type='jpg',
+                                                count=shards.n_frames)
+    else:
+        records, class_names = load_annotations(annotation_path, subset, video_path, dataset,
+                                                file_type=file_type, depends=depends)
+    table = RecordTable.from_records(records, video_path if video_path is not None and shards is None
+                                     else '.')
     del records
     if cache is not None:
         table.save(cache, class_names, depends)

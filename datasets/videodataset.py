@@ -24,15 +24,18 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from datasets.annotation import VideoRecord
 from datasets.loader import DeferredBatch, DeferredClip
 from datasets.spatial_transforms import ClipTransform
-from utils.errors import DataError
+from utils.errors import DataError, StorageError
 
 __all__ = ['VideoClipDataset', 'VideoWindowDataset', 'BadVideo', 'collate', 'make_clips']
 
 
 class BadVideo(NamedTuple):
     """A DataError met in a loader worker, handed back as a value (see dataset.py's
-    VideoDataLoader, which raises it in the main process)."""
+    VideoDataLoader, which raises it in the main process); ``storage``: a
+    StorageError (the shards could not be fetched), which --on_bad_video skip
+    never skips."""
     message: str
+    storage: bool = False
 
 
 def _errors_as_values(get_item):
@@ -40,10 +43,10 @@ def _errors_as_values(get_item):
     def wrapper(self, i):
         try:
             return get_item(self, i)
-        except DataError as e:
+        except (DataError, StorageError) as e:
             if get_worker_info() is None:  # main process: raise as usual
                 raise
-            return BadVideo(str(e))
+            return BadVideo(str(e), isinstance(e, StorageError))
     return wrapper
 
 
@@ -67,6 +70,8 @@ def _guarded(record: VideoRecord, fn, *args):
         if record.video_id in str(e):
             raise
         raise DataError(f'{e} [video {record.video_id}]') from None
+    except StorageError:  # the network, not the video: never a DataError
+        raise
     except (OSError, RuntimeError) as e:
         raise DataError(f'loading video {record.video_id} ({record.path}) failed: {e}; '
                         f're-extract its frames') from e

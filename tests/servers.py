@@ -24,10 +24,15 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     def send_head(self):
         faults = getattr(self, 'faults', None)
-        if faults is not None:
+        if faults is not None and faults['match'] in self.path:
+            time.sleep(faults['delay'])
             with faults['lock']:
                 faults['requests'] += 1
                 fail = faults['requests'] <= faults['failures']
+            if fail and faults['status'] == 'drop':  # the connection closed, no answer
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return None
             if fail:
                 self.send_error(faults['status'], 'injected fault')
                 return None
@@ -78,10 +83,13 @@ class FaultyHandler(RangeHandler):
 
 
 @contextlib.contextmanager
-def faulty_http_server(folder, failures, status=503):
+def faulty_http_server(folder, failures, status=503, match='', delay=0.0):
     """(URL, faults) of a server of ``folder`` whose first ``failures`` requests
-    get ``status``; faults['requests'] counts the requests it had."""
-    faults = {'lock': threading.Lock(), 'requests': 0, 'failures': failures, 'status': status}
+    for a path holding ``match`` get ``status`` (``'drop'``: the connection is
+    closed unanswered), each such request answered after ``delay`` seconds;
+    faults['requests'] counts those requests."""
+    faults = {'lock': threading.Lock(), 'requests': 0, 'failures': failures, 'status': status, 'match': match,
+              'delay': delay}
     with _serve(partial(FaultyHandler, directory=str(folder), faults=faults)) as url:
         yield url, faults
 
@@ -96,6 +104,44 @@ def _serve(handler):
     finally:
         server.shutdown()
         server.server_close()
+
+
+S3_ENV = {'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing', 'AWS_DEFAULT_REGION': 'us-east-1',
+          'AWS_CONFIG_FILE': os.devnull, 'AWS_SHARED_CREDENTIALS_FILE': os.devnull}
+
+
+@contextlib.contextmanager
+def s3_server(folder):
+    """(s3://bucket-PORT/prefix, storage_options) of ``folder`` uploaded to moto's S3
+    server on 127.0.0.1 (the way s3fs's own tests reach S3), with S3_ENV's fake
+    credentials in os.environ meanwhile (and AWS_PROFILE, AWS_SESSION_TOKEN unset).
+    The bucket is named by the port: moto's servers in one process share their buckets."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+    from s3fs import S3FileSystem
+    logging.getLogger('werkzeug').setLevel(logging.ERROR)
+    port = free_port()
+    prefix = f'bucket-{port}/prefix'
+    server = ThreadedMotoServer(ip_address='127.0.0.1', port=port, verbose=False)
+    server.start()
+    saved = {name: os.environ.get(name) for name in (*S3_ENV, 'AWS_PROFILE', 'AWS_SESSION_TOKEN')}
+    os.environ.update(S3_ENV)
+    for name in ('AWS_PROFILE', 'AWS_SESSION_TOKEN'):
+        os.environ.pop(name, None)
+    try:
+        options = {'endpoint_url': f'http://127.0.0.1:{port}'}
+        fs = S3FileSystem(skip_instance_cache=True, **options)
+        fs.mkdir(prefix.split('/')[0])
+        fs.put(str(folder) + '/', prefix + '/', recursive=True)
+        yield f's3://{prefix}', options
+    finally:
+        server.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def free_port(kind=socket.SOCK_STREAM):

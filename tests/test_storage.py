@@ -3,19 +3,17 @@ from a folder, an HTTP server and S3 (moto's server) on 127.0.0.1: the same byte
 everywhere, retries of a flaky server, one-line errors, fork safety, pickling,
 the local cache, and storage_options without credentials."""
 import hashlib
-import logging
 import multiprocessing
 import os
 import pickle
 import shutil
-import socket
 import time
 
 import pytest
 
 from datasets.shards import INDEX_JSON, INDEX_NPZ, ShardIndex
 from datasets.storage import ShardStore, check_storage_options
-from tests.servers import faulty_http_server, http_server
+from tests.servers import faulty_http_server, http_server, s3_server
 from util_scripts import make_shards
 from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
 
@@ -264,28 +262,11 @@ def test_storage_options_accepted():
 
 @pytest.fixture(scope='module')
 def s3(shards):
-    """(s3://bucket/prefix, storage_options) of the shards uploaded to moto's S3 server."""
-    server_module = pytest.importorskip('moto.server')
-    s3fs = pytest.importorskip('s3fs')
-    logging.getLogger('werkzeug').setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    server = server_module.ThreadedMotoServer(ip_address='127.0.0.1', port=port, verbose=False)
-    server.start()
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in (('AWS_ACCESS_KEY_ID', 'testing'), ('AWS_SECRET_ACCESS_KEY', 'testing'),
-                            ('AWS_DEFAULT_REGION', 'us-east-1'), ('AWS_CONFIG_FILE', os.devnull),
-                            ('AWS_SHARED_CREDENTIALS_FILE', os.devnull)):
-            mp.setenv(name, value)
-        for name in ('AWS_PROFILE', 'AWS_SESSION_TOKEN'):
-            mp.delenv(name, raising=False)
-        options = {'endpoint_url': f'http://127.0.0.1:{port}'}
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
-        fs.mkdir('bucket')
-        fs.put(str(shards[0]) + '/', 'bucket/prefix/', recursive=True)
-        yield 's3://bucket/prefix', options
-    server.stop()
+    """(s3://bucket-PORT/prefix, storage_options) of the shards uploaded to moto's S3 server."""
+    pytest.importorskip('moto.server')
+    pytest.importorskip('s3fs')
+    with s3_server(shards[0]) as (url, options):
+        yield url, options
 
 
 def test_s3_reads_equal_the_files(shards, s3):
@@ -296,14 +277,15 @@ def test_s3_reads_equal_the_files(shards, s3):
     client_kwargs = ShardStore(s3[0], storage_options={'client_kwargs': {'endpoint_url': s3[1]['endpoint_url']}})
     assert client_kwargs.read_member(sorted(payloads)[0]) == payloads[sorted(payloads)[0]]
     with pytest.raises(StorageError, match='not found'):
-        ShardStore('s3://bucket/elsewhere', storage_options=s3[1], **FAST).index()
+        ShardStore(s3[0].replace('/prefix', '/elsewhere'), storage_options=s3[1], **FAST).index()
 
 
 def test_s3_truncated_shard(shards, s3, tmp_path):
     shard, rel = truncated_copy(shards[0], tmp_path / 'cut')
     import s3fs
-    s3fs.S3FileSystem(skip_instance_cache=True, **s3[1]).put(str(tmp_path / 'cut' / shard), f'bucket/cut/{shard}')
-    store = ShardStore('s3://bucket/cut', storage_options=s3[1], **FAST)
+    cut = s3[0].replace('/prefix', '/cut')
+    s3fs.S3FileSystem(skip_instance_cache=True, **s3[1]).put(str(tmp_path / 'cut' / shard), f'{cut[5:]}/{shard}')
+    store = ShardStore(cut, storage_options=s3[1], **FAST)
     store._index = ShardIndex.load(tmp_path / 'cut')
     with pytest.raises(DataError, match=f'truncated.*re-upload {shard}'):
         store.read_member(rel)

@@ -1,7 +1,10 @@
 """What a run derives or finds at run time, kept apart from the options as given."""
+import copy
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from utils.urls import redact_url
 
 
 @dataclass
@@ -14,7 +17,7 @@ class RunRecord:
     learning_rate: float  # --learning_rate after --lr_scaling
     amp: bool  # --amp, off on CPU
     normalize_on_device: bool  # workers hand over uint8, the device normalizes
-    video_path: Path | None  # resolved (the synthetic set's when --dataset synthetic)
+    video_path: Path | str | None  # resolved (the synthetic set's); a URL of shards as a str
     annotation_path: Path | None
     resume_path: Path | None  # --resume_path, or the checkpoint --auto_resume found
     begin_epoch: int = 1
@@ -28,9 +31,15 @@ class RunRecord:
     ft_begin_module: str = ''
     ft_lr_ratio: float = 1.0
     decode_on_device: bool = False  # --decode_device cuda: workers hand over JPEG bytes
+    file_type: str = 'jpg'  # --file_type, or the shard index's (make_shards' output)
+    shards: object = None  # the ShardStore --video_path's shards are read through (datasets/storage.py)
     # What a resumed training changes of its checkpoint's schedule (--n_epochs,
     # --min_lr, ...): {option: {'checkpoint': its value, 'now': this run's}}.
     schedule_changes: dict = field(default_factory=dict)
 
     def to_dict(self):
-        return {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != 'shards'}
+        values = {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in values.items()}
+        if values['video_path']:  # a URL's password never goes into opts.json
+            values['video_path'] = redact_url(values['video_path'])
+        return values
