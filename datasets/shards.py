@@ -291,6 +291,16 @@ class ShardIndex:
             i = self._row(stem)
         return i
 
+    def rows(self, rels) -> np.ndarray:
+        """find() of many RELs at once (one searchsorted): row numbers, -1 where absent."""
+        rels = np.asarray(rels, dtype=str)
+        at = np.minimum(np.searchsorted(self.paths, rels), max(len(self.paths) - 1, 0))
+        rows = np.where(self.paths[at] == rels, at, -1) if len(self.paths) else np.full(len(rels), -1)
+        for i in np.flatnonzero(rows < 0):  # the few with a file's extension, or absent
+            row = self.find(str(rels[i]))
+            rows[i] = -1 if row is None else row
+        return rows
+
     def n_frames(self, rel: str) -> int | None:
         """The frame count make_shards stored for REL, None when it is not indexed."""
         i = self.find(rel)

@@ -148,7 +148,7 @@ class ShardStore:
         self.__dict__.update(self._per_process())
 
     def __getstate__(self):
-        return {**self.__dict__, **self._per_process(), '_index': None}
+        return {**self.__dict__, **self._per_process()}  # the index too: a spawned worker need not fetch it
 
     def __repr__(self):
         return f'ShardStore({redact_url(self.location)!r})'
@@ -174,7 +174,12 @@ class ShardStore:
         if self._fs is None:
             import fsspec
             protocol = self.location.split('://', 1)[0]
-            self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.storage_options)
+            try:
+                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.storage_options)
+            except (ValueError, ImportError, TypeError) as e:  # an unknown protocol, its package missing, an option
+                raise OptionError(f'{redact_url(self.location)}: fsspec cannot open {protocol}:// ({_one_line(e)}): '
+                                  'give a shard folder, an http(s):// or s3:// URL (or install the package '
+                                  'fsspec names), with --storage_options fsspec takes') from None
         return self._fs
 
     def _fd(self, name):

@@ -117,6 +117,12 @@ class RecordTable(Sequence):
         rel = self._text(self.paths, self.path_offsets, i)
         return rel[1:] if rel.startswith('\0') else os.path.join(self.root, rel)
 
+    def paths_list(self) -> list[str]:
+        """Every record's path (path(i) for all i), decoded in one pass."""
+        data, offsets = self.paths.tobytes(), self.path_offsets.tolist()
+        texts = [data[a:b].decode('utf-8') for a, b in zip(offsets, offsets[1:])]
+        return [t[1:] if t.startswith('\0') else os.path.join(self.root, t) for t in texts]
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]

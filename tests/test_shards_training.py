@@ -160,6 +160,26 @@ def test_two_process_validation_from_shards_equals_one_process(kind, tiny_synthe
     assert two['acc'] == one['acc']
 
 
+def test_the_frame_check_finds_videos_the_shards_lack_or_hold_too_few_frames_of(tiny_synthetic, shards, tmp_path,
+                                                                               capsys):
+    """--check_frames looks each record up in the index (no payload read): a video
+    not packed and a segment longer than the packed video each named."""
+    ann = json.loads(tiny_synthetic[1].read_text())
+    ann['database']['train_grow_000']['annotations']['segment'] = [1, 30]  # 12 frames packed
+    ann['database']['not_packed'] = {'subset': 'training', 'annotations': {'label': 'grow', 'segment': [1, 13]}}
+    annotation = tmp_path / 'ann.json'
+    annotation.write_text(json.dumps(ann))
+    with mock.patch('datasets.storage.ShardStore.read_range', side_effect=AssertionError('a payload was read')):
+        args = run_args((tiny_synthetic[0], annotation), tmp_path / 'r', [str(shards)])
+        with pytest.raises(SystemExit):
+            main.main(args)
+    err = capsys.readouterr().err
+    assert '2 of 25 videos are missing, too short or unreadable in the shards' in err, err
+    assert 'grow/not_packed: not in the shard index of' in err
+    assert 'grow/train_grow_000: needs 29 frames but has 12 (in the shard index)' in err
+    assert 'util_scripts.make_shards' in err
+
+
 def broken_copy(shards, tmp_path, damage):
     copy = tmp_path / 'shards'
     shutil.copytree(shards, copy)
