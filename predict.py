@@ -3,12 +3,17 @@
     python predict.py results/demo/save_15.pth my_video.mp4
     python predict.py results/demo/save_15.pth folder_of_videos --topk 3 --json
     python predict.py results/demo/save_15.pth data_root --annotation_path own.json
+    python predict.py results/demo/save_15.pth https://host/shards --shard_cache /tmp/cache
     python predict.py results/demo/save_15.pth long.mp4 --timeline t.png --output_video out.mp4
     python predict.py results/demo/save_15.pth --stream udp://127.0.0.1:5000
 
 VIDEO_OR_FOLDER is one video -- a video file (.mp4, .avi, .webm, .mkv), a
 folder of frames (image_00001.jpg, ...) or an hdf5 file -- or a folder of
-them, searched recursively (a data set root with class folders). The
+them, searched recursively (a data set root with class folders) -- or the
+shards util_scripts.make_shards wrote: their folder (with its index.json), an
+http(s):// or s3://bucket/prefix URL (--storage_options, --shard_cache as for
+main.py); each video of the index is then classified, named as in a folder
+tree and labelled by its class folder, its frames counted by the index. The
 architecture, the input settings and the class names come from the checkpoint;
 the views are those of --inference (--n_clips clips evenly spread over each
 video, or a sliding window with --stride, times --crop crops) and the video's
@@ -30,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.cli import Parser
+from utils.urls import redact_url, video_location
 
 # datasets.spatial_transforms.EVAL_CROPS, named here: the parser runs before
 # torch is imported (tests/test_cli.py checks that they are equal)
 CROPS = ('center', 'nocrop', 'three')
+LIVE_SCHEMES = ('rtsp', 'rtsps', 'rtmp', 'udp', 'tcp', 'srt')  # --stream's, not shard locations
 
 
 def parse_args(argv=None):
@@ -42,9 +49,7 @@ def parse_args(argv=None):
     p.add_argument('checkpoint', type=Path,
                    help='save_<epoch>.pth written by main.py, or an .onnx file written by '
                         'util_scripts.export')
-    p.add_argument('video', type=Path, metavar='VIDEO_OR_FOLDER', nargs='?',
-                   help='a video file, a frame folder, an hdf5 file, or a folder of them '
-                        '(searched recursively: a data set root with class folders)')
+    add_input_arguments(p)
     p.add_argument('--topk', type=int, default=5, help='classes printed per video (0: all)')
     p.add_argument('--json', action='store_true',
                    help='print the inference file\'s format: {"results": {video_id: '
@@ -83,6 +88,7 @@ def parse_args(argv=None):
     p.add_argument('--no_progress', action='store_true', help='no progress bar (on stderr)')
     args = p.parse_args(argv)
     check_stream_args(p, args)
+    check_input_args(p, args)
     if args.n_clips < 1 or args.stride < 0 or args.batch_size < 1 or args.fps <= 0:
         p.error('--n_clips and --batch_size must be at least 1, --stride at least 0, '
                 '--fps positive')
@@ -91,6 +97,38 @@ def parse_args(argv=None):
     if args.output_video is not None and args.output_video.suffix != '.mp4':
         p.error(f'--output_video {args.output_video}: give an .mp4 file')
     return args
+
+
+def add_input_arguments(p):
+    """VIDEO_OR_FOLDER and the options of shard locations (datasets/storage.py)."""
+    p.add_argument('video', type=video_location, metavar='VIDEO_OR_FOLDER', nargs='?',
+                   help='a video file, a frame folder, an hdf5 file, or a folder of them '
+                        '(searched recursively: a data set root with class folders); or the shards '
+                        'util_scripts.make_shards wrote: their folder, an http(s):// or s3://bucket/prefix URL')
+    p.add_argument('--storage_options', default=None, metavar='JSON',
+                   help='shards at a URL: JSON object of fsspec options, e.g. \'{"endpoint_url": '
+                        '"http://127.0.0.1:9000"}\' for an S3-compatible server; never credentials (S3: the '
+                        'AWS environment variables or ~/.aws; HTTP: user:password@ in the URL)')
+    p.add_argument('--shard_cache', type=Path, default=None, metavar='DIR',
+                   help='shards at a URL: folder that keeps the videos read (a second run reads them '
+                        'from it), at most 10 GiB')
+
+
+def check_input_args(p, args):
+    """A live source's URL goes with --stream; --storage_options is a JSON object without
+    credentials (numpy imported only when it is given)."""
+    scheme = args.video.split('://', 1)[0].lower() if isinstance(args.video, str) else None
+    if scheme in LIVE_SCHEMES:
+        p.error(f'{scheme}:// is a live source: give it as --stream {redact_url(args.video)} (VIDEO_OR_FOLDER takes '
+                f'shards at an http(s):// or s3:// URL)')
+    if args.storage_options is None:
+        return
+    from datasets.storage import check_storage_options
+    from utils.errors import OptionError
+    try:
+        check_storage_options(args.storage_options)
+    except OptionError as e:
+        p.error(f'--{e}')
 
 
 def add_stream_arguments(p):
@@ -118,7 +156,8 @@ def check_stream_args(p, args):
         if args.output_json is not None:
             p.error('--output_json goes with --stream (for videos: --json)')
         return
-    others = [name for name in ('timeline', 'output_video', 'extract_features', 'annotation_path')
+    others = [name for name in ('timeline', 'output_video', 'extract_features', 'annotation_path',
+                                'storage_options', 'shard_cache')
               if getattr(args, name) is not None] + (['json'] if args.json else [])
     if others:
         p.error(f'--{others[0]} is for videos, not with --stream (--output_json writes its lines)')
@@ -143,7 +182,7 @@ from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name
 from opts import option_defaults
 from utils.device_batches import DeviceLoader, ToDevice
-from utils.errors import USER_ERRORS, DataError, OptionError
+from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
 
 
 @dataclass(frozen=True)
@@ -152,6 +191,7 @@ class VideoInput:
     path: str
     kind: str  # 'jpg', 'hdf5' or 'video'
     folder: str | None = None  # the folder it sits in under the folder searched (its class?)
+    n_frames: int | None = None  # known without reading it (a shard index's count)
 
 
 def _name(path, kind):
@@ -209,9 +249,62 @@ def _named(root, found):
     return inputs
 
 
+# ----------------------------------------------------------------------------- shard locations
+
+def open_store(args):
+    """The ShardStore of a VIDEO_OR_FOLDER holding util_scripts.make_shards' output (a URL,
+    or a folder with its index.json), its index read; None for a video or a folder of them."""
+    from datasets.storage import open_shards
+    try:
+        store = open_shards(args.video, args.storage_options, args.shard_cache)
+    except OptionError:
+        raise
+    except (DataError, StorageError) as e:  # their messages name main.py's option
+        raise type(e)(str(e).replace('--video_path', 'VIDEO_OR_FOLDER')) from None
+    if store is None and (args.storage_options is not None or args.shard_cache is not None):
+        raise OptionError(f'--storage_options and --shard_cache are for shards (a folder with index.json, an '
+                          f'http(s):// or s3:// URL), and {args.video} holds none: leave them out')
+    return store
+
+
+def shard_inputs(store):
+    """A VideoInput per video of the store's index, sorted by REL (<label>/<video_id>,
+    test/<video_id>), named as _named names those of a folder tree: the last component,
+    REL where that occurs twice; its folder the class folder, its frame count the index's."""
+    index = store.index()
+    if not len(index):
+        raise DataError(f'the shards at {redact_url(store.location)} hold no video')
+    rels = index.paths.tolist()
+    names = [rel.rsplit('/', 1)[-1] for rel in rels]
+    count = Counter(names)
+    return [VideoInput(name if count[name] == 1 else rel, rel, index.file_type,
+                       rel.rsplit('/', 2)[-2] if '/' in rel else None, n)
+            for rel, name, n in zip(rels, names, index.columns['n_frames'].tolist())]
+
+
+def find_videos(args):
+    """(VideoInputs, the ShardStore they are read through or None) of VIDEO_OR_FOLDER."""
+    store = open_store(args)
+    return (find_inputs(args.video), None) if store is None else (shard_inputs(store), store)
+
+
+def check_window_outputs(args, videos, store):
+    """--timeline and --output_video take one video, and not from shards."""
+    if args.timeline is None and args.output_video is None:
+        return
+    if store is not None:
+        raise OptionError(f'--timeline and --output_video read a video file, a frame folder or an hdf5 file, '
+                          f'not shards ({redact_url(store.location)}): give the video itself')
+    if len(videos) != 1:
+        raise OptionError(f'--timeline and --output_video take one video; {args.video} holds '
+                          f'{len(videos)}')
+
+
 def frame_count(video):
     """Number of frames of a VideoInput (decodes a video file only when its
-    container does not say)."""
+    container does not say); a shard index's count as it is."""
+    if video.n_frames is not None:
+        return video.n_frames
     if video.kind != 'hdf5':
         return formats.frame_count(video.path, video.kind)
     try:
@@ -284,10 +377,11 @@ def measure_videos(videos, failures, progress=False):
     return records
 
 
-def build_dataset(records, videos, options, n_clips, stride, crop):
+def build_dataset(records, videos, options, n_clips, stride, crop, store=None):
+    """store: the ShardStore the videos' payloads are read through (their paths are REL keys)."""
     temporal, spatial = view_transforms(options, n_clips, stride, crop)
     loader = InputLoader({v.path: v.kind for v in videos},  # main.py's inference loaders
-                         lambda kind: data.clip_loader(kind, options.input_type))
+                         lambda kind: data.clip_loader(kind, options.input_type, store=store))
     return VideoWindowDataset(records, loader, temporal, spatial)
 
 
@@ -295,6 +389,7 @@ def build_dataset(records, videos, options, n_clips, stride, crop):
 class FailedView:
     video: int  # index of its record
     message: str
+    storage: bool = False  # a StorageError: the shards could not be fetched
 
 
 class SkippingWindows(Dataset):
@@ -312,8 +407,8 @@ class SkippingWindows(Dataset):
             item = self.windows[i]
         except DataError as e:  # in the main process (n_threads 0)
             item = BadVideo(str(e))
-        if isinstance(item, BadVideo):  # a worker's DataError
-            return FailedView(int(self.windows.video_of_item[i]), item.message)
+        if isinstance(item, BadVideo):  # a worker's DataError or StorageError
+            return FailedView(int(self.windows.video_of_item[i]), item.message, item.storage)
         return item
 
 
@@ -326,11 +421,14 @@ def collate_views(items):
 
 def _good_batches(loader, ids, failures, progress):
     """The loader's batches of loaded views, under a progress bar over videos;
-    a failed view's video goes to ``failures``."""
+    a failed view's video goes to ``failures``; shards that could not be fetched
+    stop the run (no video is to blame: none is skipped for it)."""
     with tqdm(total=len(ids), desc='classifying', unit='video', file=sys.stderr,
               disable=not progress, dynamic_ncols=True) as bar:
         for good, failed in loader:
             for view in failed:
+                if view.storage:
+                    raise StorageError(view.message)
                 failures.setdefault(ids[view.video], view.message)
             seen = [view.video for view in failed] + (good[1].tolist() if good else [])
             bar.update(max(0, max(seen) - bar.n))  # videos before the last one seen are done
@@ -545,10 +643,8 @@ def run_live(args):
 def run(args, failures):
     check_annotation_path(args.annotation_path)
     device = chosen_device(args)
-    videos = find_inputs(args.video)
-    if (args.timeline or args.output_video) and len(videos) != 1:
-        raise OptionError(f'--timeline and --output_video take one video; {args.video} holds '
-                          f'{len(videos)}')
+    videos, store = find_videos(args)
+    check_window_outputs(args, videos, store)
     model, options, class_names, device = load_model(args.checkpoint, args.annotation_path,
                                                      device, args.weights)
     head = None
@@ -561,7 +657,7 @@ def run(args, failures):
     out = Outcome({}, {}, {}, {} if head is not None else None)
     if records:
         dataset = build_dataset(records, videos, options, args.n_clips,
-                                window_stride(args, options), args.crop)
+                                window_stride(args, options), args.crop, store)
         scores = classify(dataset, model, device, args, failures, keep_views=windows,
                           feature_module=head)
         out = outcome(scores, records, class_names, args.topk, failures, head is not None)

@@ -3,8 +3,8 @@
 python -m util_scripts.export CHECKPOINT --output model.onnx
     [--format onnx|torchscript|exported_program] [--weights raw|ema] [--atol 1e-4] [--rtol 2e-6]
 python -m util_scripts.export CHECKPOINT --output model_int8.onnx --quantize int8
-    --calibration ANNOTATION [--calibration_clips 256] [--video_path DIR] [--min_agreement 0.98]
-    [--threads N]
+    --calibration ANNOTATION [--calibration_clips 256] [--video_path DIR|URL] [--storage_options JSON]
+    [--min_agreement 0.98] [--threads N]
 
 onnx: torch.onnx.export with the dynamo exporter; torchscript: torch.jit.trace
 (torch marks TorchScript deprecated: prefer the others); exported_program:
@@ -24,7 +24,10 @@ trained network's logits of a few units keep the bound near 1e-4.
 --quantize int8 writes the checked ONNX graph statically quantized to int8
 (utils/onnx_int8.py: QDQ, uint8 activations, per-channel int8 weights),
 calibrated on --calibration_clips clips of the annotation's training videos
-read as the model expects them (util_scripts/export_clips.py). It prints the
+read as the model expects them (util_scripts/export_clips.py), from the
+folder --video_path (default: the checkpoint's) or from the shards
+util_scripts.make_shards wrote there (a folder with its index.json, an
+http(s):// or s3:// URL, read as training reads them). It prints the
 int8 file's top-1 agreement with the fp32 graph on the clips of the
 annotation's validation videos, the video accuracy of both, and their time per
 clip at batch 1 in onnxruntime; under --min_agreement nothing is written.
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.cli import Parser
+from utils.urls import video_location
 
 FORMATS = {'onnx': '.onnx', 'torchscript': '.pt', 'exported_program': '.pt2'}
 
@@ -88,9 +92,13 @@ def _add_int8_options(g):
                         'and comparison, e.g. the one the checkpoint was trained on')
     g.add_argument('--calibration_clips', type=int, default=256,
                    help='calibration clips, spread over the training videos')
-    g.add_argument('--video_path', type=Path, default=None,
+    g.add_argument('--video_path', type=video_location, default=None,
                    help='folder of the annotation\'s videos (default: the checkpoint\'s --video_path; '
-                        'read as its --file_type)')
+                        'read as its --file_type), or the shards util_scripts.make_shards wrote: their '
+                        'folder, an http(s):// or s3://bucket/prefix URL')
+    g.add_argument('--storage_options', default=None, metavar='JSON',
+                   help='shards at a URL: JSON object of fsspec options (e.g. {"endpoint_url": ...}), '
+                        'never credentials (without --video_path: the checkpoint\'s)%(default).0s')
     g.add_argument('--min_agreement', type=float, default=0.98,
                    help='the share of validation clips whose int8 top-1 must equal fp32\'s, else '
                         'nothing is written')
@@ -310,7 +318,7 @@ def export_int8(args):
     from utils.onnx_int8 import quantize_onnx_int8
     model, options, class_names = load_trained_model(args.checkpoint, option_defaults(),
                                                      weights=args.weights)
-    root = export_clips.video_root(args.video_path, options, args.checkpoint)
+    root = export_clips.video_root(args.video_path, options, args.checkpoint, args.storage_options)
     calibration = export_clips.calibration_set(args.calibration, root, options, args.calibration_clips)
     held_out = export_clips.validation_set(args.calibration, root, options, class_names)
     meta = metadata(options, class_names, args.checkpoint)
