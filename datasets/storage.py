@@ -30,11 +30,12 @@ from datasets.shards import BLOCK, INDEX_JSON, INDEX_NPZ, ShardIndex, escape_key
 from utils.errors import DataError, OptionError, StorageError
 from utils.urls import redact_url
 
-__all__ = ['ShardStore', 'open_shards', 'check_storage_options', 'SECRET_OPTIONS']
+__all__ = ['ShardStore', 'MemberFile', 'open_shards', 'check_storage_options', 'SECRET_OPTIONS']
 
 SECRET_OPTIONS = frozenset({'key', 'secret', 'token', 'password', 'passwd', 'session_token', 'authorization',
                             'aws_access_key_id', 'aws_secret_access_key', 'aws_session_token'})
 MAX_OPEN_FILES = 64  # local shards kept open per process
+MEMBER_BUFFER = 1 << 16  # read-ahead of a local member file: hdf5's and FFmpeg's small reads merged
 RETRIES, BACKOFF_S = 4, 0.5  # a failed read is tried 4 more times, after 0.5, 1, 2 and 4 s
 _INHERITED = []  # filesystems a forked child found: kept alive, so that their finalizers never close the parent's
 
@@ -250,18 +251,21 @@ class ShardStore:
                                                 redact_url(self.location))
         return self._index
 
-    def read_member(self, rel) -> bytes:
-        """The payload of video REL: one ranged read of its member with the tar header
-        before it (checked against the index: a shard that does not match its index is
-        never decoded as another video), or the cache."""
+    def _entry(self, rel):
         try:
-            entry = self.index().entry(rel)
+            return self.index().entry(rel)
         except KeyError:
             raise DataError(f'{redact_url(self.location)}: the shard index has no video {rel!r}: re-run '
                             'util_scripts.make_shards for this annotation (or check --video_path)') from None
+
+    def read_member(self, rel, cached=True) -> bytes:
+        """The payload of video REL: one ranged read of its member with the tar header
+        before it (checked against the index: a shard that does not match its index is
+        never decoded as another video), or the cache (``cached``: looked in)."""
+        entry = self._entry(rel)
         shard, offset, size = entry.shard, entry.offset, entry.size
-        cached = self._cache_path(shard, offset, size)
-        data = self._cache_get(cached, size)
+        cache_path = self._cache_path(shard, offset, size)
+        data = self._cache_get(cache_path, size) if cached else None
         if data is not None:
             return data
         data = self.read_range(shard, offset - BLOCK, size + BLOCK)
@@ -272,15 +276,32 @@ class ShardStore:
                           f'{redact_url(self.url(shard))}: video {entry.path!r}')
             data = data[BLOCK:]
         if len(data) < size:
-            raise DataError(f'{redact_url(self.url(shard))}: video {entry.path!r} is cut short ({len(data)} of '
-                            f'{size} bytes at offset {offset}), the shard is truncated: re-run '
-                            f'util_scripts.make_shards and re-upload {shard}')
-        self._cache_put(cached, data)
+            raise _cut_short(self.url(shard), entry, len(data))
+        self._cache_put(cache_path, data)
         return data
 
-    def open_member(self, rel) -> io.BytesIO:
-        """Video REL's payload as a file object, what av.open and h5py.File take."""
-        return io.BytesIO(self.read_member(rel))
+    def open_member(self, rel):
+        """Video REL's payload as a file object, what av.open and h5py.File take: from a
+        URL read whole (one ranged read, cached); in a local shard a file of its own over
+        the member's byte range, of which the decoders read only what a clip needs (an
+        hdf5 payload's frames, a video's packets), as from the file it was made of; a
+        payload in the cache (--shard_cache) is read so too, from its file there."""
+        entry = self._entry(rel)
+        if self.remote:  # the cached copy read in part, as a local member is
+            cached = self._cache_open(self._cache_path(entry.shard, entry.offset, entry.size), entry.size)
+            return cached if cached is not None else io.BytesIO(self.read_member(rel, cached=False))
+        path = self.url(entry.shard)
+        try:
+            member = MemberFile(path, entry.offset, entry.size)
+        except FileNotFoundError:
+            raise StorageError(f'{path} not found: check the shard folder (--video_path): its shards and '
+                               'index were not all written or copied') from None
+        if member.available < entry.size:
+            member.close()
+            raise _cut_short(path, entry, max(member.available, 0))
+        _check_header(member.header(), f'{escape_key(entry.path)}.{entry.ext}', entry.size,
+                      f'{path}: video {entry.path!r}')
+        return io.BufferedReader(member, MEMBER_BUFFER)
 
     def where(self, rel) -> str:
         """Video REL and the shard holding it, for messages."""
@@ -299,18 +320,29 @@ class ShardStore:
         return os.path.join(self.cache_dir, f'{key}.bin')
 
     def _cache_get(self, path, size):
+        f = self._cache_open(path, size)
+        if f is None:
+            return None
+        with f:
+            data = f.read()
+        return data if len(data) == size else None
+
+    def _cache_open(self, path, size):
+        """The cached payload's file, opened (None: not cached, or of another size)."""
         if path is None:
             return None
         try:
-            with open(path, 'rb') as f:
-                data = f.read()
+            f = open(path, 'rb')  # open, then checked: an eviction meanwhile leaves this copy readable
+            whole = os.fstat(f.fileno()).st_size == size
         except OSError:
-            data = None
-        if data is not None and len(data) == size:
+            f, whole = None, False
+        if whole:
             with contextlib.suppress(OSError):  # evicted meanwhile by another process
                 os.utime(path)  # its mtime says when it was last used
             self.cache_hits += 1
-            return data
+            return f
+        if f is not None:
+            f.close()
         self.cache_misses += 1
         return None
 
@@ -333,6 +365,57 @@ class ShardStore:
         if self._cache_used is None or used > self.cache_bytes or self._cache_unscanned > self.cache_bytes // 16:
             used, self._cache_unscanned = _evict(self.cache_dir, self.cache_bytes), 0
         self._cache_used = used
+
+
+def _cut_short(url, entry, got) -> DataError:
+    return DataError(f'{redact_url(url)}: video {entry.path!r} is cut short ({got} of {entry.size} bytes at offset '
+                     f'{entry.offset}), the shard is truncated: re-run util_scripts.make_shards and re-upload '
+                     f'{entry.shard}')
+
+
+class MemberFile(io.RawIOBase):
+    """A member of a local shard as a read-only file with its own descriptor: reads
+    are preads of its byte range (``offset``, ``size``) of the shard."""
+
+    def __init__(self, path, offset: int, size: int):
+        super().__init__()
+        self._fd = os.open(path, os.O_RDONLY)
+        self._offset, self._size, self._pos = int(offset), int(size), 0
+        self.available = os.fstat(self._fd).st_size - self._offset  # short of size: the shard is cut
+
+    def header(self) -> bytes:
+        """The 512-byte block before the member: its tar header."""
+        return os.pread(self._fd, BLOCK, self._offset - BLOCK)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = os.pread(self._fd, n, self._offset + self._pos)
+        buffer[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + pos < 0:
+            raise ValueError(f'negative seek position {base + pos}')
+        self._pos = base + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
 
 
 def _check_header(block: bytes, name: str, size: int, what: str) -> None:

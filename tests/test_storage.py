@@ -3,6 +3,7 @@ from a folder, an HTTP server and S3 (moto's server) on 127.0.0.1: the same byte
 everywhere, retries of a flaky server, one-line errors, fork safety, pickling,
 the local cache, and storage_options without credentials."""
 import hashlib
+import io
 import multiprocessing
 import os
 import pickle
@@ -81,13 +82,44 @@ def truncated_copy(folder, dest):
 def test_a_truncated_shard_is_a_one_line_data_error(shards, tmp_path):
     shard, rel = truncated_copy(shards[0], tmp_path / 'cut')
     with http_server(tmp_path / 'cut') as url:
-        for store in (ShardStore(tmp_path / 'cut'), ShardStore(url, **FAST)):
+        stores = (ShardStore(tmp_path / 'cut'), ShardStore(url, **FAST))
+        for store, read in [(s, s.read_member) for s in stores] + [(s, s.open_member) for s in stores]:
             with pytest.raises(DataError) as e:
-                store.read_member(rel)
+                read(rel)
             message = str(e.value)
             assert '\n' not in message and shard in message and rel in message
             assert 'truncated' in message and 're-upload' in message and 'make_shards' in message
             assert not isinstance(e.value, StorageError)
+
+
+def test_a_local_member_file_reads_its_byte_range(shards):
+    """open_member of a local shard: a file of its own over the member (seek, read,
+    readinto), the same bytes as the payload; from a URL the payload in memory."""
+    folder, payloads = shards
+    store = ShardStore(folder)
+    for rel in sorted(payloads)[:4]:
+        payload = payloads[rel]
+        with store.open_member(rel) as f:
+            assert f.read() == payload and f.read(10) == b''
+            assert f.seek(-5, os.SEEK_END) == len(payload) - 5 and f.read() == payload[-5:]
+            f.seek(100)
+            assert f.read(7) == payload[100:107] and f.tell() == 107
+            buffer = bytearray(9)
+            assert f.readinto(buffer) == 9 and bytes(buffer) == payload[107:116]
+        assert f.closed
+    with pytest.raises(DataError, match='no video'):
+        store.open_member('no/such_video')
+
+
+def test_a_cached_member_is_read_from_its_file(shards, http_url, tmp_path):
+    folder, payloads = shards
+    store = ShardStore(http_url, cache_dir=tmp_path / 'cache', **FAST)
+    rel = sorted(payloads)[2]
+    first = store.open_member(rel)
+    assert isinstance(first, io.BytesIO) and first.read() == payloads[rel] and store.cache_misses == 1
+    with store.open_member(rel) as again:  # the cache's file, read in part by the decoders
+        assert again.fileno() >= 0 and again.read() == payloads[rel]
+    assert (store.cache_hits, store.cache_misses) == (1, 1)
 
 
 def test_a_flaky_server_is_retried(shards):
