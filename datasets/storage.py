@@ -176,7 +176,10 @@ class ShardStore:
             import fsspec
             protocol = self.location.split('://', 1)[0]
             try:
-                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.storage_options)
+                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **_with_our_retries(
+                    protocol, self.storage_options))
+                if protocol in ('s3', 's3a'):
+                    self._fs.retries = 1  # s3fs's own loop (a class attribute, 5), not an option
             except (ValueError, ImportError, TypeError) as e:  # an unknown protocol, its package missing, an option
                 raise OptionError(f'{redact_url(self.location)}: fsspec cannot open {protocol}:// ({_one_line(e)}): '
                                   'give a shard folder, an http(s):// or s3:// URL (or install the package '
@@ -365,6 +368,16 @@ class ShardStore:
         if self._cache_used is None or used > self.cache_bytes or self._cache_unscanned > self.cache_bytes // 16:
             used, self._cache_unscanned = _evict(self.cache_dir, self.cache_bytes), 0
         self._cache_used = used
+
+
+def _with_our_retries(protocol, options):
+    """S3 tries once in s3fs and once in botocore (they retry 5 and 4 times by
+    default, which multiplied by ours kept a run on a dead endpoint for minutes):
+    the retries and their backoff are ShardStore's. The user's options win."""
+    if protocol not in ('s3', 's3a'):
+        return options
+    config = {'retries': {'total_max_attempts': 1}, **options.get('config_kwargs', {})}
+    return {**options, 'config_kwargs': config}
 
 
 def _cut_short(url, entry, got) -> DataError:

@@ -115,7 +115,8 @@ def s3_server(folder):
     """(s3://bucket-PORT/prefix, storage_options) of ``folder`` uploaded to moto's S3
     server on 127.0.0.1 (the way s3fs's own tests reach S3), with S3_ENV's fake
     credentials in os.environ meanwhile (and AWS_PROFILE, AWS_SESSION_TOKEN unset).
-    The bucket is named by the port: moto's servers in one process share their buckets."""
+    The bucket is named by the port: moto's servers in one process share their buckets.
+    ``s3_server.last_server``: the server, for a test that stops it early."""
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -123,7 +124,7 @@ def s3_server(folder):
     logging.getLogger('werkzeug').setLevel(logging.ERROR)
     port = free_port()
     prefix = f'bucket-{port}/prefix'
-    server = ThreadedMotoServer(ip_address='127.0.0.1', port=port, verbose=False)
+    server = s3_server.last_server = ThreadedMotoServer(ip_address='127.0.0.1', port=port, verbose=False)
     server.start()
     saved = {name: os.environ.get(name) for name in (*S3_ENV, 'AWS_PROFILE', 'AWS_SESSION_TOKEN')}
     os.environ.update(S3_ENV)
@@ -136,7 +137,8 @@ def s3_server(folder):
         fs.put(str(folder) + '/', prefix + '/', recursive=True)
         yield f's3://{prefix}', options
     finally:
-        server.stop()
+        with contextlib.suppress(Exception):  # a test may have stopped it already
+            server.stop()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -196,14 +196,21 @@ def run_fails(args, capsys):
     return lines[0]
 
 
-def test_a_truncated_shard_is_one_line_naming_shard_and_video(tiny_synthetic, shards, tmp_path, capsys):
+@pytest.mark.parametrize('kind', ['folder', 'http', 's3'])
+def test_a_truncated_shard_is_one_line_naming_shard_and_video(kind, tiny_synthetic, shards, s3, tmp_path, capsys):
     def truncate(folder):
         with open(folder / 'shard-000001.tar', 'r+b') as f:
             f.truncate(10000)
     copy = broken_copy(shards, tmp_path, truncate)
     with http_server(copy) as url:
-        line = run_fails(run_args(tiny_synthetic, tmp_path / 'r', [url]), capsys)
-    assert f'{url}/shard-000001.tar: video ' in line and 'is cut short' in line and 'truncated' in line, line
+        if kind == 's3':  # the truncated copy beside the whole one, in the same bucket
+            from s3fs import S3FileSystem
+            url = s3[0].replace('/prefix', '/truncated')
+            S3FileSystem(skip_instance_cache=True, **s3[1]).put(str(copy) + '/', url[5:] + '/', recursive=True)
+        location = {'folder': [str(copy)], 'http': [url], 's3': [url, '--storage_options', json.dumps(s3[1])]}
+        line = run_fails(run_args(tiny_synthetic, tmp_path / 'r', location[kind]), capsys)
+    shard = str(copy) if kind == 'folder' else url
+    assert f'{shard}/shard-000001.tar: video ' in line and 'is cut short' in line and 'truncated' in line, line
 
 
 def test_a_shard_that_does_not_match_its_index_is_one_line(tiny_synthetic, shards, tmp_path, capsys):
@@ -231,3 +238,20 @@ def test_a_dropped_connection_stops_the_run_in_one_line_after_the_retries(skip, 
     assert f'{url}/shard-0000' in line and f'after {storage.RETRIES + 1} tries' in line, line
     assert faults['requests'] >= storage.RETRIES + 1
     assert not (tmp_path / 'r' / 'save_1.pth').exists()
+
+
+def test_s3_going_away_mid_run_stops_it_in_one_line_after_the_retries(tiny_synthetic, shards, tmp_path, capsys):
+    """The S3 server stopped when the first video is fetched (the index was read at
+    start-up; no loader workers, so the fetch runs here): retried, then one line."""
+    with s3_server(shards) as (url, options), mock.patch.object(storage, 'BACKOFF_S', 0.01):
+        server = s3_server.last_server
+        read_range = storage.ShardStore.read_range
+
+        def stop_then_read(store, *args):
+            server.stop()
+            return read_range(store, *args)
+        with mock.patch.object(storage.ShardStore, 'read_range', stop_then_read):
+            args = run_args(tiny_synthetic, tmp_path / 'r', [url, '--storage_options', json.dumps(options)],
+                            '--n_threads', '0')
+            line = run_fails(args, capsys)
+    assert f'{url}/shard-0000' in line and f'after {storage.RETRIES + 1} tries' in line, line
