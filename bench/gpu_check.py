@@ -17,8 +17,9 @@ has a time budget (seconds on one modern GPU, times --budget_scale; the
 process group of a check over it is killed), and --total_budget bounds the
 run: checks that no longer fit are SKIPped. Checks that need 2 GPUs SKIP
 with the reason on a 1-GPU machine; in a CPU dry run 2 gloo processes stand
-in. Work files go to --work (default a fresh temporary folder, kept when a
-check fails), each check's output to <work>/logs/<check>.log.
+in, and 2 checks run at a time (--jobs; on a GPU always one). Work files go
+to --work (default a fresh temporary folder, kept when a check fails), each
+check's output to <work>/logs/<check>.log.
 """
 import argparse
 import importlib
@@ -31,7 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
-from utils.processes import ForkedPython, end_tree
+from utils.processes import ForkedPython, end_tree, exited
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_TAG = 'GPU_CHECK_RESULT '
@@ -90,23 +91,35 @@ def child_env(cpu):
     return env
 
 
-def run_in_child(args, log_path, timeout, cpu):
-    """(result dict or None, seconds, timed out). The child runs in a session of
-    its own, so that everything it started ends with it."""
+def start_child(args, log_path, cpu):
+    """`python -m bench.gpu_check ARGS` in a session of its own (a fork in a CPU dry run:
+    utils.processes.ForkedPython skips a new interpreter's imports), its output to log_path."""
     cmd = [sys.executable, '-m', 'bench.gpu_check', *args]
-    t0 = time.time()
-    with open(log_path, 'w') as log:
-        if cpu:  # a fork skips a new interpreter's imports (utils.processes.ForkedPython)
-            proc = ForkedPython(cmd, log, log, env=child_env(cpu))
-        else:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(cpu), stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        # Leftovers (loader workers, torchrun's ranks in sessions of their own)
-        # are killed before the child is reaped.
+    log = open(log_path, 'w')
+    if cpu:
+        proc = ForkedPython(cmd, log, log, env=child_env(cpu))
+    else:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(cpu), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log, proc.log_path, proc.started = log, Path(log_path), time.time()
+    return proc
+
+
+def child_result(proc, timeout):
+    """(result dict or None, seconds, timed out) of a start_child process once it
+    exited or `timeout` seconds passed. Leftovers (loader workers, torchrun's
+    ranks in sessions of their own) are killed before the child is reaped."""
+    try:
         timed_out = not end_tree(proc, timeout)
-    lines = Path(log_path).read_text(errors='replace').splitlines()
+    finally:
+        proc.log.close()
+    lines = proc.log_path.read_text(errors='replace').splitlines()
     results = [json.loads(line[len(RESULT_TAG):]) for line in lines if line.startswith(RESULT_TAG)]
-    return (results[-1] if results else None), time.time() - t0, timed_out
+    return (results[-1] if results else None), time.time() - proc.started, timed_out
+
+
+def run_in_child(args, log_path, timeout, cpu):
+    return child_result(start_child(args, log_path, cpu), timeout)
 
 
 def last_lines(path, n=3):
@@ -115,21 +128,30 @@ def last_lines(path, n=3):
     return ' | '.join(lines[-n:])[-400:]
 
 
-def run_one(name, check, options, state):
-    """(status, figures, seconds) of one check, run in a child process."""
+def start_one(name, check, options, state):
+    """The child process of one check, its time limit set on it; or the SKIP row of
+    a check that does not run here."""
     if check.gpus > state['n_gpus'] and not options.cpu_dry_run:
         return 'SKIP', f'needs {check.gpus} GPUs, {state["n_gpus"]} visible', 0.0
     budget = check.budget * options.budget_scale
     left = state['deadline'] - time.time()
     if left < min(budget, 30):
         return 'SKIP', f'the run\'s time budget is spent ({left:.0f} s left of --total_budget)', 0.0
-    log_path = options.work / 'logs' / f'{name}.log'
     extra = ['--extra_checks', options.extra_checks] if options.extra_checks else []
     args = ['--child', name, '--work', str(options.work), *extra] + \
         (['--cpu_dry_run'] if options.cpu_dry_run else [])
-    result, seconds, timed_out = run_in_child(args, log_path, min(budget, left), options.cpu_dry_run)
+    proc = start_child(args, options.work / 'logs' / f'{name}.log', options.cpu_dry_run)
+    proc.limit = min(budget, left)
+    return proc
+
+
+def end_one(proc, timeout):
+    """(status, figures, seconds) of a check's child process (start_one) once it
+    ended, or `timeout` seconds from now (0: now)."""
+    result, seconds, timed_out = child_result(proc, timeout)
+    log_path = proc.log_path
     if timed_out:
-        return 'FAIL', (f'over its time budget of {min(budget, left):.0f} s, stopped '
+        return 'FAIL', (f'over its time budget of {proc.limit:.0f} s, stopped '
                         f'(end of {log_path}: {last_lines(log_path)})'), seconds
     if result is None:
         return 'FAIL', f'the check\'s process died (end of {log_path}: {last_lines(log_path)})', \
@@ -149,18 +171,35 @@ def print_summary(rows, t0):
     return counts['FAIL']
 
 
+def record(rows, i, name, row):
+    rows[i] = (name, *row)
+    print(f'{row[0]}  {name:<30} {row[1]}  [{row[2]:.0f} s]', flush=True)
+
+
 def run_checks(names, checks, options, state):
-    """Every check in turn; the summary is printed however the run ends."""
-    rows, t0 = [], time.time()
+    """Every check, --jobs of them at a time (one on a GPU), its line when it ends;
+    the summary, in the checks' order, is printed however the run ends."""
+    rows, running, todo, t0 = {}, {}, list(enumerate(names)), time.time()
     try:
-        for name in names:
-            status, figures, seconds = run_one(name, checks[name], options, state)
-            rows.append((name, status, figures, seconds))
-            print(f'{status}  {name:<30} {figures}  [{seconds:.0f} s]', flush=True)
+        while todo or running:
+            while todo and len(running) < options.jobs:
+                i, name = todo.pop(0)
+                proc = start_one(name, checks[name], options, state)
+                if isinstance(proc, tuple):
+                    record(rows, i, name, proc)
+                else:
+                    running[i] = name, proc
+            for i, (name, proc) in list(running.items()):
+                if exited(proc) or time.time() - proc.started >= proc.limit:
+                    del running[i]
+                    record(rows, i, name, end_one(proc, 0))
+            time.sleep(0.02)
     except KeyboardInterrupt:
-        rows.append(('(interrupted)', 'FAIL', 'Ctrl-C: the remaining checks did not run', 0.0))
+        rows[len(names)] = ('(interrupted)', 'FAIL', 'Ctrl-C: the remaining checks did not run', 0.0)
     finally:
-        failed = print_summary(rows, t0)
+        for _, proc in running.values():
+            end_tree(proc, 0)
+        failed = print_summary([rows[i] for i in sorted(rows)], t0)
     return failed
 
 
@@ -175,6 +214,8 @@ def parse_args(argv):
     p.add_argument('--work', type=Path, default=None, help='folder for data and runs')
     p.add_argument('--cpu_dry_run', action='store_true',
                    help='run every check\'s plumbing on CPU (2 gloo processes for 2 GPUs)')
+    p.add_argument('--jobs', type=int, default=None,
+                   help='checks run at a time in a CPU dry run (default 2; on a GPU always 1)')
     p.add_argument('--budget_scale', type=float, default=None,
                    help='multiplies every check\'s budget (default 1; 10 in a CPU dry run)')
     p.add_argument('--total_budget', type=float, default=None,
@@ -187,6 +228,9 @@ def parse_args(argv):
     options = p.parse_args(argv)
     if options.budget_scale is None:
         options.budget_scale = 10.0 if options.cpu_dry_run else 1.0
+    # A dry run's checks wait much of their time (loader workers, a frozen rank, a restart):
+    # 2 at a time keep both cores busy. On a GPU one at a time, its memory and utilisation theirs.
+    options.jobs = max(1, options.jobs or 2) if options.cpu_dry_run else 1
     if options.total_budget is None and (options.quick or options.rest):
         options.total_budget = QUICK_BUDGET_S * (10 if options.cpu_dry_run else 1)
     return options
@@ -225,7 +269,10 @@ def main(argv=None):
         os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')
     checks = all_checks(options.extra_checks)
     if options.cpu_dry_run:
-        importlib.import_module('main')  # once, here: every child is a fork that has it
+        # Once, here: every child is a fork that has them (matplotlib draws each run's
+        # confusion matrix: 0.4 s of imports a run otherwise).
+        for module in ('main', 'matplotlib.figure', 'matplotlib.backends.backend_agg'):
+            importlib.import_module(module)
     if options.list:
         list_checks(checks)
         return 0

@@ -2,6 +2,7 @@
 predict.py in subprocesses on the synthetic set, log readers, weight
 comparisons, and GPU process counts and utilisation (pynvml where it is
 installed, else nvidia-smi)."""
+import contextlib
 import json
 import math
 import os
@@ -101,6 +102,13 @@ class Checker:
 
     def torchrun_cmd(self, nproc, result, *extra, launcher=()):
         from utils.distributed import free_port
+        if self.cpu:
+            # The ranks forked from torchrun (itself a fork with torch and main imported): a new
+            # interpreter's imports are most of a dry-run rank. Rendezvous, environment, failure
+            # handling and restarts are torchrun's as on a GPU; it sees a rank's end once that
+            # rank's loader workers, which hold its pipe, have ended too (up to 5 s later).
+            launcher = ['--run-path', '--start-method=fork', *launcher]
+            thread_pool_made_at_fork()
         return [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={nproc}',
                 f'--master_port={free_port()}', *launcher, MAIN, '--distributed',
                 *self.args(result, *extra)]
@@ -129,28 +137,90 @@ class Checker:
         process before its leftovers can be killed by its pid)."""
         print('$', ' '.join(cmd), flush=True)
         files = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        if self.cpu and env is None and cmd[0] == sys.executable:
+        if self.cpu and cmd[0] == sys.executable and self.forkable(env):
             # A dry run's Python commands in forks of this process: a new
             # interpreter's imports would be most of a dry-run training.
-            proc = ForkedPython(cmd, files[0], files[1], env=self.env())
+            with torch_logs_for_fork(env):
+                proc = ForkedPython(cmd, files[0], files[1], env=env or self.env())
         else:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env(), stdout=files[0],
                                     stderr=files[1], start_new_session=True)
         proc.output_files = files
         return proc
 
+    def forkable(self, env):
+        """True when env is none of its own, or differs from this process's only in
+        TORCH_LOGS, which a fork gets through torch_logs_for_fork (variables read
+        when a library loads, OMP_NUM_THREADS, NVIDIA_TF32_OVERRIDE, need a new interpreter)."""
+        if env is None:
+            return True
+        own = self.env()
+        return {k for k in env.keys() | own.keys() if env.get(k) != own.get(k)} <= {'TORCH_LOGS'}
+
+    @contextlib.contextmanager
+    def shared(self, name):
+        """Held while work shared between checks is made or found (the shared
+        checkpoint, the 240x240 set): a CPU dry run runs 2 checks at a time."""
+        import fcntl
+        self.work.mkdir(parents=True, exist_ok=True)
+        with open(self.work / f'.{name}.lock', 'w') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or this process ends
+            yield
+
     def trained_checkpoint(self):
         """A checkpoint of 1 epoch, trained once per work folder and shared by the
         checks that only need some weights (inference, predict.py)."""
         result = self.work / 'shared_trained'
         path = result / 'save_1.pth'
-        if not path.exists():
-            shutil.rmtree(result, ignore_errors=True)
-            ok(self.main_py(result, '--n_epochs', '1', '--no_val'), 'training the shared checkpoint')
+        with self.shared('shared_trained'):
+            if not path.exists():
+                shutil.rmtree(result, ignore_errors=True)
+                ok(self.main_py(result, '--n_epochs', '1', '--no_val'), 'training the shared checkpoint')
         return path
 
     def amp_args(self, dtype):
         return ['--amp', '--amp_dtype', dtype]
+
+
+_AT_FORK = []
+
+
+def thread_pool_made_at_fork():
+    """After a fork torch makes its thread pool anew at its first use, which is
+    not thread-safe: a forked torchrun rank whose autograd threads start while
+    its main thread also uses the pool aborted ('Invalid thread pool!', 1 run of
+    torchrun_1_process in 3 to 6 here). Every fork of this process (and of its
+    forks) makes it at once, on the one thread a fork starts with, as
+    utils.processes.ForkedPython does for its own."""
+    if not _AT_FORK:
+        _AT_FORK.append(True)
+        os.register_at_fork(after_in_child=lambda: torch.set_num_threads(torch.get_num_threads()))
+
+
+@contextlib.contextmanager
+def torch_logs_for_fork(env):
+    """torch reads TORCH_LOGS when it is imported: for a fork to log what env asks
+    (TORCH_LOGS=graph_breaks), this process sets its logging from env's value
+    around the fork, and then from its own again."""
+    from torch._logging._internal import _init_logs
+    wanted, own = (env or {}).get('TORCH_LOGS'), os.environ.get('TORCH_LOGS')
+    if wanted == own:
+        yield
+        return
+    set_variable('TORCH_LOGS', wanted)
+    _init_logs()
+    try:
+        yield
+    finally:
+        set_variable('TORCH_LOGS', own)
+        _init_logs()
+
+
+def set_variable(name, value):
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def finish(proc, timeout):

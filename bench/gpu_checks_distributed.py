@@ -32,6 +32,9 @@ from utils.processes import alive, child_pids, descendants, end_tree, exited
 # comparisons of 1 and 2 processes turn it off, with --deterministic.
 NO_TF32 = {'NVIDIA_TF32_OVERRIDE': '0'}
 FROZEN_TIMEOUT = 20  # --dist_timeout of the frozen-rank check
+# On CPU: the same freeze and exit, without 15 s of waiting for it (the timeout is set once
+# training started, so start-up is not cut short; tests/test_dist_timeout.py uses 2 s)
+CPU_FROZEN_TIMEOUT = 5
 
 
 def no_tf32(c):
@@ -100,9 +103,14 @@ def check_spawn_2gpu(c):
     from utils.distributed import free_port
     result = c.result_path('spawn')
     env = None if c.cpu else c.env(CUDA_VISIBLE_DEVICES='0,1')
+    # A spawned rank's loader workers are spawned too (mp.spawn makes spawn the default start
+    # method there), each importing torch and main anew: on CPU one worker per loader still
+    # pickles the data sets and loads through them, at half the imports.
+    workers = ['--n_threads', '1'] if c.cpu else []
     cmd = [sys.executable, MAIN, *c.args(result, '--distributed', '--n_epochs',
                                           c.epochs(2, on_cpu=1), '--dist_url',
-                                          f'tcp://127.0.0.1:{free_port()}', '--world_size', '1')]
+                                          f'tcp://127.0.0.1:{free_port()}', '--world_size', '1',
+                                          *workers)]
     proc = c.popen(cmd, env=env)
     try:  # the job's processes, read while its pid is still its own (until finish reaps it)
         with Sampler(lambda: None if exited(proc) else (set(descendants(proc.pid)), gpu_processes()),
@@ -135,9 +143,10 @@ def check_spawn_2gpu(c):
 def check_dist_timeout_nccl(c):
     """--dist_timeout under NCCL: one rank frozen with SIGSTOP mid-epoch, the other
     exits within about the timeout, with one line."""
+    limit = CPU_FROZEN_TIMEOUT if c.cpu else FROZEN_TIMEOUT
     result = c.result_path('frozen')
     cmd = c.torchrun_cmd(2, result, '--n_epochs', '50', '--no_val', '--dist_timeout',
-                         str(FROZEN_TIMEOUT), '--log_interval', '1')
+                         str(limit), '--log_interval', '1')
     proc = c.popen(cmd)
     try:
         wait_for(lambda: batch_rows(result) >= 4, proc, 'four training steps', 300)
@@ -146,18 +155,18 @@ def check_dist_timeout_nccl(c):
             raise Failed(f'expected 2 ranks under torchrun, found {workers}')
         os.kill(workers[1], signal.SIGSTOP)
         t0 = time.time()
-        while alive(workers[0]) and time.time() - t0 < 10 * FROZEN_TIMEOUT + 60:
+        while alive(workers[0]) and time.time() - t0 < 10 * limit + 60:
             time.sleep(0.1)
         seconds = time.time() - t0
         print(f'the other rank ended {seconds:.1f} s after the freeze', flush=True)
     finally:
         out, err, _ = finish(proc, 0)  # the frozen rank killed too: SIGKILL reaches a stopped process
     lines = [line for line in err.splitlines() if line.startswith('error: rank')]
-    if seconds > 3 * FROZEN_TIMEOUT + 30:
+    if seconds > 3 * limit + 30:
         raise Failed(f'the other rank was still running {seconds:.0f} s after the freeze '
-                     f'(--dist_timeout {FROZEN_TIMEOUT})')
+                     f'(--dist_timeout {limit})')
     return (f'the other rank exited {seconds:.0f} s after the freeze (--dist_timeout '
-            f'{FROZEN_TIMEOUT}); {len(lines)} error line(s), {err.count("Traceback")} '
+            f'{limit}); {len(lines)} error line(s), {err.count("Traceback")} '
             f'traceback(s): {lines[0][:160] if lines else err.strip()[-160:]}')
 
 
@@ -190,12 +199,16 @@ def check_nccl_validation(c):
     """Validation on 1 and 2 processes within 1e-4: --deterministic and
     NVIDIA_TF32_OVERRIDE=0 (cudnn.benchmark and TF32 otherwise choose kernels
     by batch shape, and the two runs see different batch shapes)."""
-    trained = c.result_path('val_source')
-    ok(c.main_py(trained, '--n_epochs', '1', '--no_val'), 'training')
+    if c.cpu:  # this very training is the shared checkpoint's, made once a dry run
+        weights = c.trained_checkpoint()
+    else:
+        trained = c.result_path('val_source')
+        ok(c.main_py(trained, '--n_epochs', '1', '--no_val'), 'training')
+        weights = trained / 'save_1.pth'
     results = [c.result_path(f'val_{n}') for n in (1, 2)]
     for n, result in zip((1, 2), results):
         ok(c.torchrun(n, result, '--no_train', '--deterministic', '--resume_path',
-                      str(trained / 'save_1.pth'), env=no_tf32(c)), f'{n} process(es)')
+                      str(weights), env=no_tf32(c)), f'{n} process(es)')
     one, two = (last_validation(r) for r in results)
     if any(abs(x - y) > 1e-4 for x, y in zip(one, two)):
         raise Failed(f'loss/video acc/clip acc {one} on 1 process, {two} on 2')

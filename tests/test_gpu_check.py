@@ -84,3 +84,20 @@ def test_help_and_list_say_what_checks_prove_not_which_issue_asked(capsys):
     text = capsys.readouterr().out
     assert '--quick' in text and 'ema_cost' in text
     assert 'issue ' not in text.lower(), [line for line in text.splitlines() if 'issue ' in line.lower()]
+
+
+def test_the_dry_run_shortcuts_stay_in_the_dry_run(tmp_path, monkeypatch):
+    """A CPU dry run runs 2 checks at a time, torchrun's ranks as forks of the
+    launcher, and commands with TORCH_LOGS of their own in forks; on a GPU one
+    check at a time, and ranks and such commands in new interpreters."""
+    from bench import gpu_checks_common
+    from bench.gpu_checks_common import Checker
+    monkeypatch.setattr(Checker, 'data', property(lambda self: tmp_path / 'data'))  # none generated
+    monkeypatch.setattr(gpu_checks_common, 'thread_pool_made_at_fork', lambda: None)  # no hook here
+    assert gpu_check.parse_args(['--cpu_dry_run']).jobs == 2
+    assert gpu_check.parse_args(['--jobs', '4']).jobs == 1
+    gpu, cpu = Checker(tmp_path, cpu=False), Checker(tmp_path, cpu=True)
+    assert '--run-path' not in gpu.torchrun_cmd(2, tmp_path / 'r')
+    assert '--run-path' in cpu.torchrun_cmd(2, tmp_path / 'r')
+    assert cpu.forkable(None) and cpu.forkable(cpu.env(TORCH_LOGS='graph_breaks'))
+    assert not cpu.forkable(cpu.env(OMP_NUM_THREADS='2'))
