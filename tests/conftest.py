@@ -35,6 +35,36 @@ def tiny_synthetic(tmp_path_factory):
     return Path(video_path), Path(annotation_path)
 
 
+@pytest.fixture(scope='session')
+def tiny_shards(tiny_synthetic, tmp_path_factory):
+    """util_scripts.make_shards of tiny_synthetic's 39 jpg folders (hdf5 payloads), 4 shards."""
+    from util_scripts import make_shards
+    video_path, annotation = tiny_synthetic
+    out = tmp_path_factory.mktemp('shards')
+    make_shards.main([str(annotation), str(video_path), str(out), '--dataset', 'ucf101', '--file_type', 'jpg',
+                      '--shard_size', '250KB', '--no_progress'])
+    assert len(list(out.glob('shard-*.tar'))) > 1
+    return out
+
+
+@pytest.fixture(scope='module')
+def shards_http(tiny_shards):
+    """tiny_shards served with byte ranges: http://127.0.0.1:PORT."""
+    from tests.servers import http_server
+    with http_server(tiny_shards) as url:
+        yield url
+
+
+@pytest.fixture(scope='module')
+def shards_s3(tiny_shards):
+    """tiny_shards on moto's S3 server: (s3://bucket-PORT/prefix, storage_options)."""
+    pytest.importorskip('moto.server')
+    pytest.importorskip('s3fs')
+    from tests.servers import s3_server
+    with s3_server(tiny_shards) as (url, options):
+        yield url, options
+
+
 def tiny_args(video_path, annotation_path, result_path, *extra):
     """A command line for a fast run on tiny_synthetic: resnet-10 at width 1/4 on
     8x32x32 clips, one worker process."""

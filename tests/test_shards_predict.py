@@ -20,22 +20,11 @@ import predict
 from datasets import storage
 from datasets.shards import ShardIndex, encode_index
 from tests.conftest import skip_curves, tiny_args
-from tests.servers import faulty_http_server, free_port, http_server, s3_server
-from util_scripts import export, export_clips, make_shards
+from tests.servers import faulty_http_server, free_port, http_server
+from util_scripts import export, export_clips
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 VIEWS = ('--n_clips', '2', '--crop', 'three', '--topk', '0', '--json', '--no_progress')
-
-
-@pytest.fixture(scope='module')
-def shards(tiny_synthetic, tmp_path_factory):
-    """The shard folder of tiny_synthetic's 39 jpg folders (hdf5 payloads), several shards."""
-    video_path, annotation = tiny_synthetic
-    out = tmp_path_factory.mktemp('shards')
-    make_shards.main([str(annotation), str(video_path), str(out), '--dataset', 'ucf101', '--file_type', 'jpg',
-                      '--shard_size', '250KB', '--no_progress'])
-    assert len(list(out.glob('shard-*.tar'))) > 1
-    return out
 
 
 @pytest.fixture(scope='module')
@@ -47,20 +36,6 @@ def checkpoint(tiny_synthetic, shards, tmp_path_factory, one_torch_thread):
         skip_curves(patch)
         main.main(tiny_args(shards, tiny_synthetic[1], result, '--n_epochs', '1', '--no_val'))
     return result / 'save_1.pth'
-
-
-@pytest.fixture(scope='module')
-def http(shards):
-    with http_server(shards) as url:
-        yield url
-
-
-@pytest.fixture(scope='module')
-def s3(shards):
-    pytest.importorskip('moto.server')
-    pytest.importorskip('s3fs')
-    with s3_server(shards) as (url, options):
-        yield url, options
 
 
 def run_predict(*args):
@@ -246,3 +221,19 @@ def test_int8_export_calibrated_from_the_checkpoints_shards_equals_the_folders(c
     assert (tmp_path / 'shards.onnx').is_file()
     for field in ('agreement', 'n_clips', 'fp32_accuracy', 'int8_accuracy'):
         assert getattr(shards_report, field) == getattr(folders_report, field), field
+
+
+# The session's shards and their servers (tests/conftest.py), under this module's names.
+@pytest.fixture(scope='module')
+def shards(tiny_shards):
+    return tiny_shards
+
+
+@pytest.fixture(scope='module')
+def http(shards_http):
+    return shards_http
+
+
+@pytest.fixture(scope='module')
+def s3(shards_s3):
+    return shards_s3

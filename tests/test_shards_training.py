@@ -21,7 +21,6 @@ from datasets import storage
 from tests.conftest import tiny_args
 from tests.dist_helpers import main_worker
 from tests.servers import S3_ENV, faulty_http_server, http_server, s3_server
-from util_scripts import make_shards
 from utils.checkpoint import load_checkpoint
 from utils.logs import read_tsv
 from utils.retention import checkpoint_name
@@ -34,36 +33,11 @@ TIMES = ('clips_per_s', 'data_wait', 'time', 'seconds')
 
 
 @pytest.fixture(scope='module')
-def shards(tiny_synthetic, tmp_path_factory):
-    """The shard folder of tiny_synthetic's jpg folders (hdf5 payloads), 4 shards."""
-    video_path, annotation = tiny_synthetic
-    out = tmp_path_factory.mktemp('shards')
-    make_shards.main([str(annotation), str(video_path), str(out), '--dataset', 'ucf101', '--file_type', 'jpg',
-                      '--shard_size', '250KB', '--no_progress'])
-    assert len(list(out.glob('shard-*.tar'))) > 1
-    return out
-
-
-@pytest.fixture(scope='module')
 def from_files(tiny_synthetic, tmp_path_factory):
     """The run from the jpg folders: its result folder."""
     result = tmp_path_factory.mktemp('from_files')
     main.main(tiny_args(*tiny_synthetic, result, *RUN))
     return result
-
-
-@pytest.fixture(scope='module')
-def http(shards):
-    with http_server(shards) as url:
-        yield url
-
-
-@pytest.fixture(scope='module')
-def s3(shards):
-    pytest.importorskip('moto.server')
-    pytest.importorskip('s3fs')
-    with s3_server(shards) as (url, options):
-        yield url, options
 
 
 def location_args(kind, shards, http, s3, tmp_path):
@@ -255,3 +229,19 @@ def test_s3_going_away_mid_run_stops_it_in_one_line_after_the_retries(tiny_synth
                             '--n_threads', '0')
             line = run_fails(args, capsys)
     assert f'{url}/shard-0000' in line and f'after {storage.RETRIES + 1} tries' in line, line
+
+
+# The session's shards and their servers (tests/conftest.py), under this module's names.
+@pytest.fixture(scope='module')
+def shards(tiny_shards):
+    return tiny_shards
+
+
+@pytest.fixture(scope='module')
+def http(shards_http):
+    return shards_http
+
+
+@pytest.fixture(scope='module')
+def s3(shards_s3):
+    return shards_s3
