@@ -80,7 +80,7 @@ def check_equal_to_predict(lines, checkpoint, video, stride=STRIDE, at_least=0.5
     firsts = [line['first_frame'] for line in lines]
     # the windows a live source completes faster than the model takes them (frames
     # buffered while it warmed up, come in a burst) are skipped, but the newest
-    assert firsts == sorted(set(firsts)) and len(firsts) >= max(2, int(len(every) * at_least))
+    assert firsts == sorted(set(firsts)) and len(firsts) >= max(1, int(len(every) * at_least))
     assert len(firsts) + lines[-1]['skipped'] == len(every)
 
 
@@ -168,19 +168,25 @@ class _Lines:
 
 @pytest.mark.slow  # real-time streams, producer processes
 def test_smoothing_averages_the_last_windows(checkpoint, clip_file, tmp_path):
+    """Each line averages the scores of the last 3 windows classified (predict.py's
+    scores of those windows): compared by first frame, since a loaded machine may
+    skip a different window in each run."""
     model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
                                                              'raw')
-    runs = {}
-    for k in (1, 3):
-        out = tmp_path / f'smooth{k}.jsonl'
-        live.run_stream(str(clip_file), model, options, class_names, device,
-                        live.LiveSettings(stride=STRIDE, smooth=k, topk=0), out, out=_Lines(),
-                        err=_Lines())
-        runs[k] = [{e['label']: e['score'] for e in line['results']} for line in stream_lines(out)]
-    for i in range(len(runs[3])):
-        recent = runs[1][max(0, i - 2):i + 1]
-        for name in class_names:
-            assert runs[3][i][name] == pytest.approx(np.mean([r[name] for r in recent]), abs=1e-6)
+    out = tmp_path / 'smooth3.jsonl'
+    live.run_stream(str(clip_file), model, options, class_names, device,
+                    live.LiveSettings(stride=STRIDE, smooth=3, topk=0), out, out=_Lines(), err=_Lines())
+    lines = stream_lines(out)
+    expected, _, _ = predict_windows(checkpoint, clip_file, STRIDE)
+    firsts = [line['first_frame'] for line in lines]
+    assert len(lines) >= 3
+    away_from_raw = 0.0
+    for i, line in enumerate(lines):
+        got = np.array([{e['label']: e['score'] for e in line['results']}[name] for name in class_names])
+        averaged = torch.stack([expected[f] for f in firsts[max(0, i - 2):i + 1]]).mean(0).numpy()
+        np.testing.assert_allclose(got, averaged, rtol=0, atol=1e-6)
+        away_from_raw = max(away_from_raw, np.abs(got - expected[firsts[i]].numpy()).max())
+    assert away_from_raw > 1e-5  # the windows' scores differ, so the average is not the raw scores
 
 
 def test_a_source_that_cannot_be_opened_is_one_line_without_its_password(checkpoint, tmp_path,
