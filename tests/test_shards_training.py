@@ -5,6 +5,7 @@ the same run from the jpg folders the shards were made of, bit for bit; a
 truncated shard, a shard that does not match its index and a dropped
 connection each stop the run in one line."""
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -162,8 +163,13 @@ def broken_copy(shards, tmp_path, damage):
 
 
 def run_fails(args, capsys):
+    """The one error line of a run that stops; its loader workers are gone when
+    main.main returns (utils/launch.py's release_frames), not 5 s a worker later."""
+    before = set(multiprocessing.active_children())
     with pytest.raises(SystemExit) as e:
         main.main(args)
+    left = set(multiprocessing.active_children()) - before
+    assert not left, f'the failed run left {left} running'
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith('error: ')]
     assert e.value.code == 2 and len(lines) == 1 and 'Traceback' not in err, err

@@ -52,6 +52,7 @@ def launch(opt, run):
         else:
             worker(None, opt, 1, run)
     except USER_ERRORS as e:
+        release_frames(e)
         report(f'error: {e}')
         sys.exit(2)
     except mp.ProcessExitedException as e:  # the process said why, unless a signal killed it
@@ -64,6 +65,7 @@ def launch(opt, run):
         line = describe_failure(e, opt)
         if line is None:
             raise
+        release_frames(e)
         report(line)
         sys.exit(EXIT_FAILED)
 
@@ -111,6 +113,14 @@ def exit_now(error, ctx, opt):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def release_frames(error):
+    """Drops the locals of the finished frames error's traceback holds: the run's
+    DataLoader iterators among them shut their workers down now, while their
+    queues still work. Left to the garbage collector (a caller in this process
+    keeps the error), each worker waits out its 5 s status-check timeout."""
+    traceback.clear_frames(error.__traceback__)
 
 
 def report(line):
