@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,13 @@ import torch.nn as nn
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'gpu: runs on a CUDA device (skipped without one)')
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        # pytest-xdist runs one worker a core (pyproject.toml): one intra-op thread
+        # each, in the worker and the processes it starts. More threads than cores
+        # make OpenMP's threads wait on each other: a tiny training then takes
+        # 30 s instead of 3.
+        os.environ['OMP_NUM_THREADS'] = '1'
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

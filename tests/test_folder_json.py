@@ -71,22 +71,27 @@ def test_video_tree_to_annotation(mp4_tree, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_command_line_and_exit_status(mp4_tree, tmp_path):
-    def run(*args):
-        return subprocess.run([sys.executable, '-m', 'util_scripts.folder_json', *args],
-                              cwd=REPO, capture_output=True, text=True)
-    ok = run(str(mp4_tree), str(tmp_path / 'a.json'), '--val_fraction', '0.4')
+def test_command_line_and_exit_status(mp4_tree, tmp_path, capsys):
+    """`python -m` once (the entry point); the failures in this process. Python
+    prints a SystemExit's message to stderr and exits 1, or exits with its number."""
+    ok = subprocess.run([sys.executable, '-m', 'util_scripts.folder_json', str(mp4_tree), str(tmp_path / 'a.json'),
+                         '--val_fraction', '0.4'], cwd=REPO, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert 'walk/broken' in ok.stderr  # listed and skipped: the others are written
     assert '6 training' in ok.stdout and '4 validation' in ok.stdout
+
+    def fails(*args):
+        with pytest.raises(SystemExit) as e:
+            folder_json.main([str(a) for a in args])
+        code = e.value.code
+        return (1, code) if isinstance(code, str) else (code, capsys.readouterr().err)
     empty = tmp_path / 'empty'
     (empty / 'walk').mkdir(parents=True)
-    failed = run(str(empty), str(tmp_path / 'b.json'))
-    assert failed.returncode == 1 and 'holds no video' in failed.stderr
+    code, err = fails(empty, tmp_path / 'b.json')
+    assert code == 1 and 'holds no video' in err
     assert not (tmp_path / 'b.json').exists()
-    bad = run(str(mp4_tree), str(tmp_path / 'c.json'), '--val_fraction', '0.7',
-              '--test_fraction', '0.3')
-    assert bad.returncode == 2 and 'sum to less than 1' in bad.stderr
+    code, err = fails(mp4_tree, tmp_path / 'c.json', '--val_fraction', '0.7', '--test_fraction', '0.3')
+    assert code == 2 and 'sum to less than 1' in err
 
 
 def test_stratified_split_every_class_in_training_and_stable():
