@@ -106,7 +106,7 @@ class Checker:
             # The ranks forked from torchrun (itself a fork with torch and main imported): a new
             # interpreter's imports are most of a dry-run rank. Rendezvous, environment, failure
             # handling and restarts are torchrun's as on a GPU; it sees a rank's end once that
-            # rank's loader workers, which hold its pipe, have ended too (up to 5 s later).
+            # rank's loader workers, which hold its pipe, have ended too (within a second: utils/preemption.py).
             launcher = ['--run-path', '--start-method=fork', *launcher]
             thread_pool_made_at_fork()
         return [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={nproc}',

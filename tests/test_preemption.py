@@ -257,6 +257,60 @@ def test_a_stop_signal_between_fork_and_shield_waits_for_the_shield(tmp_path, mo
     assert not set(STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+def _state(pid):
+    """A process's state letter from /proc (None once it is gone): an orphan's
+    zombie may wait for a reaper that never comes, so existing is not living."""
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def _rank_with_a_late_worker(ready, go):
+    """A rank's loader whose worker waits (at `go`) before its worker_init_fn."""
+    import dataset
+
+    def late_shield(worker_id):
+        ready.write_text(str(os.getpid()))
+        while not go.exists():
+            time.sleep(0.01)
+        shield_loader_worker(worker_id)
+    dataset.shield_loader_worker = late_shield
+    for _ in dataset.VideoDataLoader(SlowItems(), batch_size=1, num_workers=1):
+        pass
+
+
+@pytest.mark.skipif(not Path('/proc/self/stat').exists(), reason='reads process states from /proc')
+def test_a_worker_whose_rank_died_before_it_started_ends(tmp_path):
+    """A rank SIGKILLed while its loader workers start (torchrun's elastic restart
+    found one in the GPU self-check's dry run): torch's own watchdog takes the
+    parent it watches from getppid() after worker_init_fn, by when a dead rank's
+    orphan has a new parent, so the worker lived on forever. It held the rank's
+    pipe, and torchrun, which sees a rank's end when that pipe closes, waited
+    for it instead of restarting the job. The worker now watches the process
+    that forked it and ends."""
+    import multiprocessing
+    ready, go = tmp_path / 'ready', tmp_path / 'go'
+    rank = multiprocessing.get_context('fork').Process(target=_rank_with_a_late_worker, args=(ready, go))
+    rank.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker = int(ready.read_text())
+        os.kill(rank.pid, signal.SIGKILL)
+        rank.join()
+        go.touch()
+        deadline = time.monotonic() + 15  # torch's watchdog looks every 5 s; ours every second
+        while _state(worker) not in (None, 'Z') and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(worker) in (None, 'Z'), 'the orphaned loader worker is still running'
+    finally:
+        go.touch()
+        if ready.exists() and _state(int(ready.read_text())) not in (None, 'Z'):
+            os.kill(int(ready.read_text()), signal.SIGKILL)
+
+
 def test_loader_workers_leave_stop_signals_to_the_main_process():
     """A stop signal sent to the process group (torchrun ending the job, Ctrl-C)
     reaches the loader workers too. Before, they died of it and the main process

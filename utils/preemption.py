@@ -8,6 +8,7 @@ over a CPU group), a checkpoint is written, and the process exits with
 EXIT_PREEMPTED. Under SLURM with --requeue, rank 0 requeues the job first.
 """
 import contextlib
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import threading
 import torch
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+MAIN_PROCESS_CHECK_S = 1.0  # how often a loader worker looks for its main process
 # EX_TEMPFAIL: stopped on request with the state in a checkpoint; run the same
 # command again (with --auto_resume) to continue.
 EXIT_PREEMPTED = 75
@@ -91,8 +93,8 @@ def shield_loader_worker(worker_id=None):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGUSR1})
     # Blocked in every thread of the worker, and taken by one that can see the sender.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
-                     name='sigterm_from_main').start()
+    threading.Thread(target=_end_with_main_process, args=(_main_process_pid(),), daemon=True,
+                     name='end_with_main').start()
     sys.excepthook = loader_worker_excepthook
 
 
@@ -127,11 +129,42 @@ def stop_signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _exit_on_sigterm_from(parent):
-    while True:
-        info = signal.sigwaitinfo({signal.SIGTERM})
-        if info.si_pid == parent:
-            os._exit(0)  # as torch's own worker handler does for its parent's SIGTERM
+def _main_process_pid():
+    """The process that started this loader worker, as multiprocessing recorded
+    it at the fork: getppid() is already someone else's when that process died
+    before the worker got here."""
+    parent = multiprocessing.parent_process()
+    return parent.pid if parent is not None else os.getppid()
+
+
+def _alive(pid):
+    """False once pid has exited, zombie included: a dead rank is reaped only
+    after its loader workers have closed its pipe, so kill(pid, 0) alone would
+    see it live on."""
+    if os.path.isdir('/proc/self'):
+        try:
+            with open(f'/proc/{pid}/stat', 'rb') as f:
+                return f.read().rsplit(b')', 1)[1].split()[0] not in (b'Z', b'X')
+        except FileNotFoundError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end_with_main_process(main):
+    """The worker's end on the main process's SIGTERM, or within a second of the
+    main process's death. torch's own watchdog watches getppid() from after
+    worker_init_fn, every 5 s: a worker whose rank died first never ended, held
+    the rank's pipe, and torchrun, which sees a rank's end when that pipe
+    closes, never restarted the job."""
+    while _alive(main):
+        info = signal.sigtimedwait({signal.SIGTERM}, MAIN_PROCESS_CHECK_S)
+        if info is not None and info.si_pid == main:
+            break
+    os._exit(0)  # as torch's own worker handler does for its parent's SIGTERM
 
 
 def agree_to_stop(local_request, ctx):
