@@ -11,8 +11,8 @@ def pytest_configure(config):
     if os.environ.get('PYTEST_XDIST_WORKER'):
         # pytest-xdist runs one worker a core (pyproject.toml): one intra-op thread
         # each, in the worker and the processes it starts. More threads than cores
-        # make OpenMP's threads wait on each other: a tiny training then takes
-        # 30 s instead of 3.
+        # make OpenMP's threads wait on each other: two tiny trainings took 61 s
+        # instead of 2.3.
         os.environ['OMP_NUM_THREADS'] = '1'
         torch.set_num_threads(1)
 

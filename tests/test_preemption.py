@@ -25,7 +25,7 @@ from utils.preemption import (
     requeue_slurm_job,
     shield_loader_worker,
 )
-from utils.processes import child_pids
+from utils.processes import alive, child_pids
 from utils.retention import checkpoint_name
 
 
@@ -257,15 +257,6 @@ def test_a_stop_signal_between_fork_and_shield_waits_for_the_shield(tmp_path, mo
     assert not set(STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
-def _state(pid):
-    """A process's state letter from /proc (None once it is gone): an orphan's
-    zombie may wait for a reaper that never comes, so existing is not living."""
-    try:
-        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
 def _rank_with_a_late_worker(ready, go):
     """A rank's loader whose worker waits (at `go`) before its worker_init_fn."""
     import dataset
@@ -302,12 +293,12 @@ def test_a_worker_whose_rank_died_before_it_started_ends(tmp_path):
         rank.join()
         go.touch()
         deadline = time.monotonic() + 15  # torch's watchdog looks every 5 s; ours every second
-        while _state(worker) not in (None, 'Z') and time.monotonic() < deadline:
+        while alive(worker) and time.monotonic() < deadline:  # an orphan's zombie may never be reaped
             time.sleep(0.05)
-        assert _state(worker) in (None, 'Z'), 'the orphaned loader worker is still running'
+        assert not alive(worker), 'the orphaned loader worker is still running'
     finally:
         go.touch()
-        if ready.exists() and _state(int(ready.read_text())) not in (None, 'Z'):
+        if ready.exists() and alive(int(ready.read_text())):
             os.kill(int(ready.read_text()), signal.SIGKILL)
 
 

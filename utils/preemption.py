@@ -17,6 +17,8 @@ import threading
 
 import torch
 
+from utils.processes import alive
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 MAIN_PROCESS_CHECK_S = 1.0  # how often a loader worker looks for its main process
 # EX_TEMPFAIL: stopped on request with the state in a checkpoint; run the same
@@ -137,30 +139,13 @@ def _main_process_pid():
     return parent.pid if parent is not None else os.getppid()
 
 
-def _alive(pid):
-    """False once pid has exited, zombie included: a dead rank is reaped only
-    after its loader workers have closed its pipe, so kill(pid, 0) alone would
-    see it live on."""
-    if os.path.isdir('/proc/self'):
-        try:
-            with open(f'/proc/{pid}/stat', 'rb') as f:
-                return f.read().rsplit(b')', 1)[1].split()[0] not in (b'Z', b'X')
-        except FileNotFoundError:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _end_with_main_process(main):
     """The worker's end on the main process's SIGTERM, or within a second of the
     main process's death. torch's own watchdog watches getppid() from after
     worker_init_fn, every 5 s: a worker whose rank died first never ended, held
     the rank's pipe, and torchrun, which sees a rank's end when that pipe
     closes, never restarted the job."""
-    while _alive(main):
+    while alive(main):  # a zombie counts as gone: a dead rank is reaped only after its workers end
         info = signal.sigtimedwait({signal.SIGTERM}, MAIN_PROCESS_CHECK_S)
         if info is not None and info.si_pid == main:
             break

@@ -32,7 +32,14 @@ def child_pids(parent):
 
 
 def alive(pid):
-    """True while pid runs (a zombie has exited)."""
+    """True while pid runs (a zombie has exited). Without /proc (macOS), while
+    kill(pid, 0) finds it, zombie or not."""
+    if not os.path.isdir('/proc/self'):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
     try:
         return _stat_fields(pid)[0] != 'Z'
     except OSError:
