@@ -169,11 +169,13 @@ def test_a_model_slower_than_the_stream_skips_windows_with_bounded_latency(check
     per_window, stride_s = 0.25, 2 / FPS
     assert lines[-1]['skipped'] > 0.5 * len(lines)
     # a window waits at most until the next one replaces it, or (the last one)
-    # until the model is free
-    assert np.percentile(latencies[:-1], 95) < stride_s + per_window + 0.1
-    assert latencies.max() < 2 * per_window + 0.1
+    # until the model is free; the margins allow a loaded machine's hiccups, while
+    # a queue (every window served in turn) would lag by seconds at the end
+    margin = 0.4
+    assert np.percentile(latencies[:-1], 95) < stride_s + per_window + margin
+    assert latencies.max() < 2 * per_window + margin
     half = len(latencies) // 2
-    assert latencies[half:-1].max() < stride_s + per_window + 0.15  # not growing
+    assert latencies[half:-1].max() < stride_s + per_window + margin  # not growing
     assert f'{lines[-1]["skipped"]} skipped' in err.text
     assert (47 - 1) // 2 < lines[-1]['skipped'] + len(lines) <= (100 - 8) // 2 + 1
 
