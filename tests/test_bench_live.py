@@ -51,4 +51,6 @@ def test_a_source_is_read_for_the_seconds_asked(tmp_path):
     assert bench_live.make_video(video, 3, 25) == 75
     row, = bench_live.main([*TINY, '--source', str(video), '--seconds', '1'])
     check_row(row)
-    assert 20 <= row['frames'] < 75 and row['source'] == str(video)
+    # stopped before the file's end; about 25 frames on a quiet machine, fewer when a
+    # loaded one decodes slower than real time (it failed 20 in a suite beside busy loops)
+    assert 4 <= row['frames'] < 75 and row['source'] == str(video)

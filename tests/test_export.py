@@ -263,12 +263,18 @@ def test_predict_runs_the_int8_file(int8_export, tiny_synthetic, tmp_path, capsy
     (fp32, fp32_accuracy), (int8, int8_accuracy) = printed['fp32'], printed['int8']
     assert int8.keys() == fp32.keys() == {'results', 'views'} and int8['views'] == fp32['views']
     assert len(int8['results']) == 12
-    for video, entries in int8['results'].items():
-        assert sorted(e['label'] for e in entries) == sorted(e['label'] for e in fp32['results'][video])
-        assert entries[0]['label'] == fp32['results'][video][0]['label']
     worst = max(abs(a['score'] - b['score']) for v in fp32['results']
                 for a, b in zip(sorted(fp32['results'][v], key=lambda e: e['label']),
                                 sorted(int8['results'][v], key=lambda e: e['label'])))
+    assert worst < 0.1  # scores within a few hundredths (0.029 here)
+    for video, entries in int8['results'].items():
+        expected = fp32['results'][video]
+        assert sorted(e['label'] for e in entries) == sorted(e['label'] for e in expected)
+        # fp32's top two closer than int8's error (this machine's training left one
+        # video at 0.2961 against 0.2959) may swap; a clear winner may not
+        near_tie = expected[0]['score'] - expected[1]['score'] <= 2 * worst
+        assert entries[0]['label'] == expected[0]['label'] or \
+            (near_tie and entries[0]['label'] == expected[1]['label']), (video, entries[:2], expected[:2])
     print(f'\npredict, checkpoint vs int8 .onnx: largest score difference {worst:.3g}, top-1 accuracy '
           f'{fp32_accuracy:.4f} and {int8_accuracy:.4f}')
     assert (fp32_accuracy, int8_accuracy) == pytest.approx((report.fp32_accuracy, report.int8_accuracy), abs=1e-4)
