@@ -86,8 +86,9 @@ def open_source(source: str, timeout: float = 10.0):
     target = sys.stdin.buffer.raw if source == '-' else source
     try:
         container = av.open(target, format=fmt, options=options, timeout=timeout)
-    except av.ExitError:  # FFmpeg's read interrupted by Ctrl-C
-        raise KeyboardInterrupt from None
+    except av.ExitError:  # PyAV's timeout (a Ctrl-C meanwhile is raised by Python itself)
+        raise DataError(f'stream {source_name(source)} cannot be opened: no data for {timeout:g} s '
+                        '(--stream_timeout)') from None
     except (av.FFmpegError, OSError) as e:
         raise DataError(f'stream {source_name(source)} cannot be opened: '
                         f'{redact_url(str(e))}') from None
@@ -313,8 +314,8 @@ class LiveFrames:
                 return None
             try:
                 self.container = open_source(self.source, self.timeout)
-            except (DataError, KeyboardInterrupt) as e:
-                self.notes(str(e) or 'interrupted')
+            except DataError as e:
+                self.notes(str(e))
                 continue
             gap = time.monotonic() - lost_at
             self.gaps.append(gap)

@@ -236,6 +236,16 @@ def test_a_source_that_cannot_be_opened_is_one_line_without_its_password(checkpo
     assert source_name('rtsp://admin:s3cret@cam/x') == 'rtsp://admin:***@cam/x'
 
 
+
+def test_a_live_source_that_sends_nothing_is_an_error_not_a_ctrl_c(checkpoint, capsys):
+    """A UDP port nobody sends to: the open's timeout, which PyAV reports as an
+    interrupt, was taken for Ctrl-C (exit status 0, 'stopped (Ctrl-C)')."""
+    url = f'udp://127.0.0.1:{free_port(socket.SOCK_DGRAM)}'
+    assert predict.main([str(checkpoint), '--stream', url, '--reconnect', '0', '--stream_timeout', '0.5']) == 2
+    err = capsys.readouterr().err
+    assert err == f'error: stream {url} cannot be opened: no data for 0.5 s (--stream_timeout)\n', err
+
+
 def _audio_file(tmp_path):
     import av
     path = tmp_path / 'sound.wav'
@@ -287,9 +297,21 @@ def test_the_reader_hands_over_the_newest_window_only(clip_file):
 
 # ----------------------------------------------------------------------------- network sources
 
-def producer(video, url, *extra, stdout=subprocess.DEVNULL):
-    return subprocess.Popen([sys.executable, '-m', 'util_scripts.stream_file', str(video), url,
-                             *extra], cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True)
+@pytest.fixture
+def producer():
+    """Starts util_scripts.stream_file processes; those still running when the
+    test ends (it failed: a TCP one waits for a client forever) are killed."""
+    started = []
+
+    def start(video, url, *extra, stdout=subprocess.DEVNULL):
+        started.append(subprocess.Popen([sys.executable, '-m', 'util_scripts.stream_file', str(video), url,
+                                         *extra], cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True))
+        return started[-1]
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 class Consumer(threading.Thread):
@@ -314,7 +336,7 @@ def live_args(checkpoint, source, out, *extra):
 
 
 @pytest.mark.slow  # real-time streams, producer processes
-def test_a_udp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
+def test_a_udp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys, producer):
     port = free_port(socket.SOCK_DGRAM)
     out = tmp_path / 'udp.jsonl'
     consumer = Consumer(live_args(checkpoint, f'udp://127.0.0.1:{port}', out, '--reconnect', '0',
@@ -330,7 +352,7 @@ def test_a_udp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, ca
 
 
 @pytest.mark.slow  # real-time streams, producer processes
-def test_a_tcp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys):
+def test_a_tcp_stream_gives_predicts_windows(checkpoint, clip_file, tmp_path, capsys, producer):
     port = free_port()
     sender = producer(clip_file, f'tcp://127.0.0.1:{port}')
     wait_bound(port, 'tcp')
@@ -359,7 +381,7 @@ def test_an_http_file_plays_live_to_its_end(checkpoint, clip_file, tmp_path, cap
 
 
 @pytest.mark.slow  # real-time streams, producer processes
-def test_a_pipe_on_standard_input(checkpoint, clip_file, tmp_path):
+def test_a_pipe_on_standard_input(checkpoint, clip_file, tmp_path, producer):
     out = tmp_path / 'pipe.jsonl'
     sender = producer(clip_file, '-', stdout=subprocess.PIPE)
     proc = subprocess.run([sys.executable, 'predict.py', *map(str, live_args(checkpoint, '-', out))],
@@ -373,10 +395,22 @@ def test_a_pipe_on_standard_input(checkpoint, clip_file, tmp_path):
 
 
 @pytest.mark.slow  # real-time streams, producer processes
-def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file, tmp_path, capsys):
+def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file, tmp_path, capsys, producer,
+                                                          monkeypatch):
     """The first producer (looping) is killed after a few windows; a second one
     on the same port is found by the reconnect; when it ends and nothing comes
-    back, the summary and exit status 1 (the source was lost)."""
+    back, the summary and exit status 1 (the source was lost). The reconnect
+    waits until the second producer listens: a loaded machine can take longer to
+    start it than the 1.5 s that --reconnect 2 waits.
+    """
+    listening = threading.Event()
+    listening.set()
+    opened = live_source.open_source
+
+    def open_when_listening(*args, **kwargs):
+        assert listening.wait(timeout=60), 'the second producer did not listen within 60 s'
+        return opened(*args, **kwargs)
+    monkeypatch.setattr(live_source, 'open_source', open_when_listening)
     port = free_port()
     url = f'tcp://127.0.0.1:{port}'
     first = producer(clip_file, url, '--loop')
@@ -388,9 +422,12 @@ def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file
     while not (out.exists() and len(out.read_text().splitlines()) >= 3):
         assert time.time() < deadline and consumer.is_alive()
         time.sleep(0.02)
+    listening.clear()
     first.kill()
     first.wait()
     second = producer(clip_file, url)
+    wait_bound(port, 'tcp')
+    listening.set()
     assert consumer.result(timeout=90) == 1
     assert second.wait(timeout=30) == 0
     err = capsys.readouterr().err
@@ -403,7 +440,7 @@ def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file
 
 
 @pytest.mark.slow  # real-time streams, producer processes
-def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path):
+def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path, producer):
     port = free_port()
     url = f'tcp://127.0.0.1:{port}'
     sender = producer(clip_file, url, '--loop')
