@@ -17,6 +17,8 @@ their timestamps, so they play as a live source would.
 from __future__ import annotations
 
 import collections
+import contextlib
+import signal
 import sys
 import threading
 import time
@@ -77,21 +79,42 @@ def _open_options(source: str, timeout: float) -> tuple[dict, str | None]:
     return probe, None
 
 
+@contextlib.contextmanager
+def _ctrl_c_noted():
+    """Ctrl-C during FFmpeg's wait is noted, then raised when the wait ends: av.open
+    ends a wait with a Ctrl-C in it as it ends a timeout (ExitError), and no
+    KeyboardInterrupt followed it. Only the main thread receives signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    noted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        if noted:
+            raise KeyboardInterrupt  # in place of the error the wait ended with
+
+
 def open_source(source: str, timeout: float = 10.0):
     """An open PyAV container of the source with a video stream, or a DataError
-    naming it (without its password)."""
+    naming it (without its password); KeyboardInterrupt on Ctrl-C meanwhile."""
     import av
     options, fmt = _open_options(source, timeout)
     # the raw pipe: a buffered read(n) would wait for n bytes, seconds of a slow stream
     target = sys.stdin.buffer.raw if source == '-' else source
-    try:
-        container = av.open(target, format=fmt, options=options, timeout=timeout)
-    except av.ExitError:  # PyAV's timeout (a Ctrl-C meanwhile is raised by Python itself)
-        raise DataError(f'stream {source_name(source)} cannot be opened: no data for {timeout:g} s '
-                        '(--stream_timeout)') from None
-    except (av.FFmpegError, OSError) as e:
-        raise DataError(f'stream {source_name(source)} cannot be opened: '
-                        f'{redact_url(str(e))}') from None
+    with _ctrl_c_noted() as interrupted:
+        try:
+            container = av.open(target, format=fmt, options=options, timeout=timeout)
+        except av.ExitError:  # PyAV's timeout (a Ctrl-C is raised in its place on leaving)
+            raise DataError(f'stream {source_name(source)} cannot be opened: no data for {timeout:g} s '
+                            '(--stream_timeout)') from None
+        except (av.FFmpegError, OSError) as e:
+            raise DataError(f'stream {source_name(source)} cannot be opened: '
+                            f'{redact_url(str(e))}') from None
+        if interrupted:
+            container.close()
     if not container.streams.video:
         container.close()
         raise DataError(f'stream {source_name(source)} has no video stream')
