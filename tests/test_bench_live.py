@@ -52,5 +52,5 @@ def test_a_source_is_read_for_the_seconds_asked(tmp_path):
     row, = bench_live.main([*TINY, '--source', str(video), '--seconds', '1'])
     check_row(row)
     # stopped before the file's end; about 25 frames on a quiet machine, fewer when a
-    # loaded one decodes slower than real time (it failed 20 in a suite beside busy loops)
+    # loaded one decodes slower than real time (a suite run beside busy loops failed the old bound of 20)
     assert 4 <= row['frames'] < 75 and row['source'] == str(video)

@@ -236,7 +236,6 @@ def test_a_source_that_cannot_be_opened_is_one_line_without_its_password(checkpo
     assert source_name('rtsp://admin:s3cret@cam/x') == 'rtsp://admin:***@cam/x'
 
 
-
 def test_a_live_source_that_sends_nothing_is_an_error_not_a_ctrl_c(checkpoint, capsys):
     """A UDP port nobody sends to: the open's timeout, which PyAV reports as an
     interrupt, was taken for Ctrl-C (exit status 0, 'stopped (Ctrl-C)')."""
@@ -460,16 +459,13 @@ def test_a_killed_producer_is_reconnected_then_the_summary(checkpoint, clip_file
 def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path, producer):
     port = free_port()
     url = f'tcp://127.0.0.1:{port}'
-    sender = producer(clip_file, url, '--loop')
-    try:
-        wait_bound(port, 'tcp')
-        proc = subprocess.Popen([sys.executable, 'predict.py', str(checkpoint), '--stream', url],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert 'latency' in proc.stdout.readline()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        sender.kill()
+    producer(clip_file, url, '--loop')  # killed when the test ends
+    wait_bound(port, 'tcp')
+    proc = subprocess.Popen([sys.executable, 'predict.py', str(checkpoint), '--stream', url],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert 'latency' in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert 'stopped (Ctrl-C)' in err and 'summary: ' in err and 'Traceback' not in err
 
