@@ -139,7 +139,10 @@ def run_stream(source, model, options, class_names, device, settings: LiveSettin
     except KeyboardInterrupt:
         note('stopped (Ctrl-C)')
     finally:
-        frames.stop()
+        try:
+            frames.stop()  # waits for the reader: at most a read's timeout
+        except KeyboardInterrupt:
+            note('stopped again (Ctrl-C): not waiting for the reader')
         if sink is not None:
             sink.close()
     for line in summary_lines(session, frames, class_names):

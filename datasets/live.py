@@ -233,8 +233,12 @@ class LiveFrames:
             self._notes(text)
 
     def stop(self):
-        """The reader stops after the frame it is decoding (or its wait to reconnect)."""
+        """Stops the reader after the frame it is decoding (or its wait to
+        reconnect) and waits for it, at most a read's timeout: a process that
+        exits with it still in FFmpeg can abort or hang (std::terminate)."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.timeout + 1.0)
 
     @property
     def skipped(self) -> int:

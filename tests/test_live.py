@@ -291,22 +291,50 @@ def test_stream_options_are_checked(argv, says, capsys):
     assert e.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_the_reader_hands_over_the_newest_window_only(clip_file):
-    """A consumer that takes no window until the stream ended finds the last one;
-    every other window was counted as skipped."""
+def eval_spatial():
+    """The eval crop of 8x32x32 clips."""
     from argparse import Namespace
 
     from dataset import eval_views
     opts = Namespace(sample_size=32, sample_duration=8, sample_t_stride=1, value_scale=1,
                      mean_dataset='0.5', no_mean_norm=False, no_std_norm=False, input_type='rgb')
-    _, spatial = eval_views(opts, 0, 1, 'center')
-    frames = LiveFrames(str(clip_file), spatial, span=8, stride=4, notes=lambda text: None).start()
+    return eval_views(opts, 0, 1, 'center')[1]
+
+
+def test_the_reader_hands_over_the_newest_window_only(clip_file):
+    """A consumer that takes no window until the stream ended finds the last one;
+    every other window was counted as skipped."""
+    frames = LiveFrames(str(clip_file), eval_spatial(), span=8, stride=4, notes=lambda text: None).start()
     frames._thread.join(timeout=30)
     window = frames.next_window()
     assert window.first_frame == 32 and len(window.frames) == 8 and window.factor == 2
     assert window.frames[0].shape == (48, 64, 3)
     assert frames.skipped == 8 and frames.next_window() is None and frames.ending == 'end'
 
+
+def test_stop_returns_once_the_reader_has_ended(clip_file):
+    """The file plays at its frame rate, so the reader is mid-stream when stopped.
+    Before, stop() only asked it to end: a Ctrl-C'd predict.py exited with the
+    reader still in FFmpeg, and now and then aborted ('terminate called without
+    an active exception') or hung at exit."""
+    frames = LiveFrames(str(clip_file), eval_spatial(), span=8, stride=4, notes=lambda text: None).start()
+    assert frames.next_window() is not None
+    frames.stop()
+    assert not frames._thread.is_alive() and frames.ending == 'stopped'
+
+
+def test_a_second_ctrl_c_while_the_reader_ends_still_gives_the_summary(checkpoint, clip_file, monkeypatch):
+    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'), 'raw')
+    frames = LiveFrames(str(clip_file), eval_spatial(), span=8, stride=4, notes=lambda text: None)
+
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(frames, 'next_window', ctrl_c)  # the first, while it waits for a window
+    monkeypatch.setattr(frames._thread, 'join', ctrl_c)  # the second, while stop() waits for the reader
+    err = _Lines()
+    status = live.run_stream(str(clip_file), model, options, class_names, device, live.LiveSettings(stride=4),
+                             out=_Lines(), err=err, frames=frames)
+    assert status == 0 and 'stopped (Ctrl-C)\nstopped again (Ctrl-C)' in err.text and 'summary: ' in err.text
 
 
 # ----------------------------------------------------------------------------- network sources
