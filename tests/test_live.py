@@ -493,7 +493,11 @@ def test_ctrl_c_gives_the_summary(checkpoint, clip_file, tmp_path, producer):
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert 'latency' in proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f'still running 60 s after Ctrl-C; its standard error: {proc.communicate()[1][-3000:]}')
     assert proc.returncode == 0, err
     assert 'stopped (Ctrl-C)' in err and 'summary: ' in err and 'Traceback' not in err
 
