@@ -1,5 +1,5 @@
 """Tests of util_scripts/stream_file.py, a video file played as a live MPEG-TS stream
-(to standard output, UDP and TCP), and of utils/urls.py's redact_url.
+(to standard output, UDP and TCP); utils/urls.py's redact_url: tests/test_urls.py.
 
 The producer runs as the command it is, in a subprocess that a timer kills after
 LIMIT seconds, so that no test can hang; the consumers are PyAV, as a live
@@ -22,7 +22,6 @@ import pytest
 
 from tests.servers import free_port, wait_bound
 from tests.video_files import read_code, write_coded_video, write_video
-from utils.urls import redact_url
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = [sys.executable, '-m', 'util_scripts.stream_file']
@@ -311,16 +310,3 @@ def test_reencoded(tmp_path, name, codec, options):
     assert err.count('\n') == 1 and 're-encoded to H.264' in err, err
     assert [read_code(f) for f in frames] == list(range(15))
     assert set(np.diff(times).tolist()) == {900}
-
-
-def test_redact_url():
-    assert redact_url('rtsp://admin:secret@camera:554/live') == 'rtsp://admin:***@camera:554/live'
-    assert redact_url('rtsp://admin@camera/live') == 'rtsp://admin@camera/live'  # no password
-    assert redact_url('rtsp://:secret@camera/live') == 'rtsp://:***@camera/live'
-    assert redact_url('http://camera:8080/a@b') == 'http://camera:8080/a@b'  # a port, not a password
-    assert redact_url('udp://@239.0.0.1:1234') == 'udp://@239.0.0.1:1234'
-    assert redact_url('rtsp://u:p@ss:w@cam/x?k=v@w') == 'rtsp://u:***@cam/x?k=v@w'  # an unescaped @
-    assert redact_url('tcp://127.0.0.1:5000') == 'tcp://127.0.0.1:5000'
-    assert redact_url('cannot open rtsp://a:b@h/1 nor RTMP://c:d@h/2: refused') == \
-        'cannot open rtsp://a:***@h/1 nor RTMP://c:***@h/2: refused'
-    assert redact_url(Path('video.mp4')) == 'video.mp4'

@@ -1,19 +1,61 @@
-"""URLs made safe to print: a stream or camera URL may carry a password
-(rtsp://user:secret@camera/...), and messages, logs and result files must not
-repeat it. Standard library only."""
+"""URLs made safe to print: a stream, camera or storage URL may carry a
+credential (rtsp://user:secret@camera/..., https://TOKEN@host/..., a presigned
+URL's ?X-Amz-Signature=..., srt://...?passphrase=...), and messages, logs and
+result files must not repeat it.  Standard library only.
+
+The rule (:func:`redact_url`), applied to every scheme://... in a text, a URL
+ending at a blank, a quote or '<' '>':
+
+* ``user:password@``: the password becomes ***, whatever it holds ('/', '?',
+  '#', '@' included): it runs to the last '@' of the URL.  ``host:8080/...`` is a
+  port, not a password (digits, then '/', '?', '#' or the URL's end).
+* userinfo without a colon (``https://TOKEN@host/``, ``rtsp://admin@cam/``) is
+  hidden whole, ``***@``: a user name cannot be told from a token.  An empty one
+  (``udp://@239.0.0.1:1234``, FFmpeg's multicast form) is kept.
+* the value of a query or fragment parameter whose name holds sig, token,
+  secret, pass, pwd, key, auth, credential, session or cookie (any case:
+  X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token, sig, access_token,
+  passphrase, api_key, ...) becomes ***, up to the next '&'.
+
+The scheme, host, port and path are kept, so that a message still says which
+stream or bucket it means."""
 import re
 from pathlib import Path
 
-# scheme://user:password@ -- the password runs to the last '@' before the path, query,
-# fragment or a blank, so that an unescaped '@' in it is hidden as well.
-_CREDENTIALS = re.compile(r'(?i)\b([a-z][a-z0-9+.-]*://[^\s/?#@:]*):[^\s/?#]*@')
+_URL = re.compile(r'''(?i)\b[a-z][a-z0-9+.-]*://[^\s'"<>]*''')
+# user:password@ (not host:port), or userinfo without a colon
+_USERINFO = re.compile(r'(?is)^([a-z][a-z0-9+.-]*://)(?:([^/?#@:\[\]]*):(?!\d*(?:[/?#]|$)).*@|[^/?#:]+@)')
+_PARAM = re.compile(r'[?&#;]([^=&#;?/]*)=')
+_SECRET_NAMES = ('sig', 'token', 'secret', 'pass', 'pwd', 'key', 'auth', 'credential', 'session', 'cookie')
+MASK = '***'
 
 
 def redact_url(text) -> str:
-    """text (a URL, or a message holding URLs) with the password of every
-    scheme://user:password@ in it replaced by ***; the user name and the
-    rest are kept, so that the message still says which stream it means."""
-    return _CREDENTIALS.sub(r'\1:***@', str(text))
+    """text (a URL, a path, or a message holding URLs) with every credential of
+    its URLs replaced by *** (the module's rule)."""
+    return _URL.sub(lambda m: _redact_one(m[0]), str(text))
+
+
+def _redact_one(url):
+    m = _USERINFO.match(url)
+    if m is not None:
+        user = '' if m[2] is None else f'{m[2]}:'
+        url = f'{m[1]}{user}{MASK}@{url[m.end():]}'
+    out, pos = [], 0
+    for p in _PARAM.finditer(url):
+        if p.start() < pos or not secret_name(p[1]):
+            continue
+        end = url.find('&', p.end())
+        end = len(url) if end < 0 else end
+        out += [url[pos:p.end()], MASK]
+        pos = end
+    return ''.join(out) + url[pos:]
+
+
+def secret_name(name) -> bool:
+    """A query parameter's (or an option's) name that may carry a credential."""
+    name = str(name).lower()
+    return any(part in name for part in _SECRET_NAMES)
 
 
 def video_location(text):
