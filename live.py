@@ -97,13 +97,36 @@ def _blank_window(frame_shape, n, spatial):
     return LiveWindow(0, [np.zeros((h, w, 3), np.uint8)] * n, plan, factor, 0.0, 0.0)
 
 
-def keep_up_line(per_window, stride, fps) -> str:
+def one_thread_time(scorer, frame_shape) -> float | None:
+    """Seconds per window with one intra-op thread (None where torch has one already):
+    on a busy machine a pool of threads waiting on each other can cost more than the model."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        return None
+    torch.set_num_threads(1)
+    try:
+        return scorer.time_per_window(frame_shape)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def keep_up_line(per_window, stride, fps, one_thread=None) -> str:
+    """``one_thread``: seconds per window with one thread, where measured."""
     every = stride / fps
     if per_window <= every:
         return f'keeps up: {per_window:.3f} s per window, a window every {every:.3f} s'
-    return (f'cannot keep up: {per_window:.3f} s per window, a window every {every:.3f} s '
-            f'(windows will be skipped): use --stride {int(np.ceil(per_window * fps))} or more, '
-            f'or a smaller model')
+    line = (f'cannot keep up: {per_window:.3f} s per window, a window every {every:.3f} s '
+            f'(windows will be skipped): ')
+    if one_thread is not None and one_thread < 0.8 * per_window:
+        line += (f'the time is lost to threads, not the model ({one_thread:.3f} s per window with one): '
+                 f'use --threads 1')
+        if one_thread <= every:
+            return line
+        per_window = one_thread
+        line += ' and '
+    else:
+        line += 'use '
+    return line + f'--stride {int(np.ceil(per_window * fps))} or more, or a smaller model'
 
 
 def format_window(t, entries, latency, skipped) -> str:
@@ -133,8 +156,9 @@ def run_stream(source, model, options, class_names, device, settings: LiveSettin
         fps = frames.frame_rate or 25.0
         height, width = frames.frame_size
         per_window = scorer.time_per_window((height, width))
+        one_thread = one_thread_time(scorer, (height, width)) if per_window > settings.stride / fps else None
         note(f'stream {source_name(source)}: {width}x{height} at {fps:g} fps; '
-             + keep_up_line(per_window, settings.stride, fps))
+             + keep_up_line(per_window, settings.stride, fps, one_thread))
         _classify_windows(frames.start(), scorer, class_names, settings, session, out, sink)
     except KeyboardInterrupt:
         note('stopped (Ctrl-C)')

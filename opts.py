@@ -198,6 +198,9 @@ def build_parser():
     _add(g, '--output_topk', default=5, type=int, help='Top-k classes written by inference; <= 0: all')
     _add(g, '--no_cuda', action='store_true', help='Run on CPU even if a GPU is present')
     _add(g, '--n_threads', default=4, type=int, help='Data-loading worker processes (per process)')
+    _add(g, '--threads', default=0, type=int,
+         help='Intra-op threads of each training process; 0: the CPUs it may use (affinity, cgroup quota) '
+              'shared among the ranks of the node, less one per data-loading worker (utils/threads.py)')
     _add(g, '--checkpoint', default=10, type=int, help='Save a checkpoint every N epochs')
     _add(g, '--tensorboard', action='store_true', help='Write TensorBoard event files')
     _add(g, '--manual_seed', default=1, type=int, help='Random seed')

@@ -65,6 +65,9 @@ def parse_args(argv=None):
                    help='spatial views (like --inference_crop)')
     p.add_argument('--batch_size', type=int, default=16, help='views per forward pass')
     p.add_argument('--n_threads', type=int, default=2, help='data-loading worker processes')
+    p.add_argument('--threads', type=int, default=0,
+                   help="the model's intra-op threads; 0: the CPUs this process may use, less one "
+                        'per data-loading worker (or for the reader of --stream)')
     p.add_argument('--extract_features', type=Path, default=None, metavar='PATH.h5',
                    help='also write each video\'s pooled features (the classifier\'s input, '
                         'averaged over the views) to this HDF5 file')
@@ -183,6 +186,7 @@ from model import classifier_name
 from opts import option_defaults
 from utils.device_batches import DeviceLoader, ToDevice
 from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
+from utils.threads import set_threads
 
 
 @dataclass(frozen=True)
@@ -673,6 +677,7 @@ def run(args, failures):
 def main(argv=None, args=None):
     """args: the parsed command line (else parsed from argv)."""
     args = args if args is not None else parse_args(argv)
+    set_threads(args.threads, decoders=1 if args.stream is not None else args.n_threads)
     if args.stream is not None:
         try:
             return run_live(args)

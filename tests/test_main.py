@@ -1,6 +1,7 @@
 """End-to-end runs of main.py on a tiny synthetic data set: outputs, exact
 resume, schedules, fine-tuning and the predecessor's known failures."""
 import json
+import re
 import shutil
 
 import pytest
@@ -105,6 +106,8 @@ def test_tensorboard_has_the_steps_and_the_hyper_parameters(tiny_synthetic, tmp_
     out = capsys.readouterr().out
     assert f'TensorBoard events: {tmp_path}/events.out.tfevents.' in out
     assert f'view them with: tensorboard --logdir {tmp_path}' in out
+    assert re.search(r'^\d+ intra-op threads? a process \((OMP_NUM_THREADS|\d+ usable CPUs - 1 decoding); '
+                     r'--threads to change\)$', out, re.M)
     assert not (tmp_path / 'curves.png').exists()
 
 

@@ -140,8 +140,13 @@ def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, 
 def test_predict_text_output_and_checkpoint_without_class_names(trained, tmp_path, capsys):
     video_path, annotation_path, out, val = trained
     v, label = val[0]
-    assert predict.main([str(out / 'save_1.pth'), str(video_path / label / v), '--topk', '2',
-                         '--n_threads', '0']) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert predict.main([str(out / 'save_1.pth'), str(video_path / label / v), '--topk', '2',
+                             '--n_threads', '0', '--threads', '2']) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     line = capsys.readouterr().out.strip()
     assert line.startswith(f'{v}: ') and line.count('(') == 2
     old = torch.load(out / 'save_1.pth', weights_only=True)

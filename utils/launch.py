@@ -17,6 +17,7 @@ from utils import distributed as du
 from utils.errors import USER_ERRORS, OptionError
 from utils.failures import EXIT_FAILED, describe_failure
 from utils.preemption import EXIT_PREEMPTED, Preempted, requeue_slurm_job
+from utils.threads import set_threads
 
 
 def log(ctx, *args):
@@ -78,6 +79,9 @@ def worker(local_rank, opt, ranks_per_node, run):
         rank = opt.node_rank * ranks_per_node + local_rank
         world = max(1, opt.world_size) * ranks_per_node
         ctx = du.init_distributed(opt, local_rank=local_rank, rank=rank, world_size=world)
+    local_ranks = ranks_per_node if local_rank is not None else int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
+    threads, how = set_threads(opt.threads, local_ranks, opt.n_threads)
+    log(ctx, f'{threads} intra-op thread{"s" if threads > 1 else ""} a process ({how}; --threads to change)')
     try:
         run(opt, ctx)
     except Preempted as stopped:
