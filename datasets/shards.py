@@ -242,6 +242,7 @@ class ShardIndex:
         self.file_type: str = info['file_type']
         self.shards: list[dict] = list(info['shards'])
         self.shard_names: tuple[str, ...] = tuple(s['name'] for s in self.shards)
+        self.shard_sha256: dict[str, str] = {s['name']: s.get('sha256', '') for s in self.shards}
         self.columns = {name: np.asarray(columns[name]) for name in COLUMNS}
         self.paths = self.columns['path']
         n = len(self.paths)

@@ -11,7 +11,9 @@ object, its sessions and the open fds belong to the process that made them; a
 forked DataLoader worker makes its own.  A store pickles without them.
 
 Credentials never come through storage_options (:func:`check_storage_options`):
-S3's come from the environment or ~/.aws, as botocore finds them.  Torch-free;
+S3's come from the environment or ~/.aws, as botocore finds them (none found: one
+StorageError saying where they are looked for, not retried).  Messages hide the
+options' values as well as a URL's credentials.  Torch-free;
 fsspec (and s3fs, aiohttp) are imported only for a URL.
 """
 from __future__ import annotations
@@ -60,6 +62,9 @@ def check_storage_options(options) -> dict:
             options = json.loads(options)
         except ValueError as e:
             raise OptionError(f'storage_options is not valid JSON ({e.msg} at character {e.pos})') from None
+    if isinstance(options, list):  # what opts.json and checkpoints keep: the names
+        raise OptionError(f'storage_options: only their names ({", ".join(map(str, options)) or "none"}) are kept '
+                          'in opts.json and checkpoints, not their values: give --storage_options again')
     if not isinstance(options, dict):
         raise OptionError(f'storage_options must be a JSON object, got a {type(options).__name__}')
     secret = _secret_key(options, '')
@@ -110,8 +115,36 @@ def _transient(e, status) -> bool:
     return not isinstance(e, (PermissionError, IsADirectoryError, NotADirectoryError))
 
 
-def _one_line(e) -> str:
-    return redact_url(' '.join(f'{type(e).__name__}: {e}'.split()))
+def _one_line(e, options=None) -> str:
+    """The error in one line, URL credentials and the storage options' values hidden."""
+    text = redact_url(' '.join(f'{type(e).__name__}: {e}'.split()))
+    for value in sorted(_option_values(options or {}), key=len, reverse=True):
+        text = text.replace(value, '***')
+    return text
+
+
+def _option_values(value):
+    """The option values a message must not repeat: every string but a URL's
+    (redact_url hides what a URL may carry; an endpoint stays nameable)."""
+    if isinstance(value, dict):
+        return {v for item in value.values() for v in _option_values(item)}
+    if isinstance(value, list):
+        return {v for item in value for v in _option_values(item)}
+    if isinstance(value, str) and len(value) >= 4 and '://' not in value:
+        return {value}
+    return set()
+
+
+def _no_credentials(e) -> bool:
+    """botocore found no S3 credentials (s3fs may chain it)."""
+    return any(type(err).__name__ in ('NoCredentialsError', 'PartialCredentialsError')
+               for err in (e, e.__cause__, e.__context__))
+
+
+NO_CREDENTIALS = ('no S3 credentials found: botocore looks for them in AWS_ACCESS_KEY_ID and '
+                  'AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN), ~/.aws/credentials (AWS_PROFILE picks its '
+                  'profile) and an instance or container role; set one of them, or give --storage_options '
+                  '\'{"anon": true}\' for a public bucket')
 
 
 class ShardStore:
@@ -181,7 +214,8 @@ class ShardStore:
                 if protocol in ('s3', 's3a'):
                     self._fs.retries = 1  # s3fs's own loop (a class attribute, 5), not an option
             except (ValueError, ImportError, TypeError) as e:  # an unknown protocol, its package missing, an option
-                raise OptionError(f'{redact_url(self.location)}: fsspec cannot open {protocol}:// ({_one_line(e)}): '
+                raise OptionError(f'{redact_url(self.location)}: fsspec cannot open {protocol}:// '
+                                  f'({_one_line(e, self.storage_options)}): '
                                   'give a shard folder, an http(s):// or s3:// URL (or install the package '
                                   'fsspec names), with --storage_options fsspec takes') from None
         return self._fs
@@ -240,10 +274,14 @@ class ShardStore:
                                        'its shards and index were all written or uploaded') from None
                 if status == 416:
                     return b''  # a range past the end (S3's InvalidRange): the caller sees a short read
+                if _no_credentials(e):  # not the network's: no retry mends it
+                    raise StorageError(f'{url}: {NO_CREDENTIALS}') from None
                 if not _transient(e, status):
-                    raise StorageError(f'{url}: reading {what} failed ({_one_line(e)})') from None
+                    raise StorageError(f'{url}: reading {what} failed ({_one_line(e, self.storage_options)})') \
+                        from None
                 if attempt == self.retries:
-                    raise StorageError(f'{url}: reading {what} failed after {attempt + 1} tries ({_one_line(e)}): '
+                    raise StorageError(f'{url}: reading {what} failed after {attempt + 1} tries '
+                                       f'({_one_line(e, self.storage_options)}): '
                                        'check the network and the server, then run again') from None
             time.sleep(self.backoff * 2 ** attempt)
 
@@ -319,7 +357,9 @@ class ShardStore:
     def _cache_path(self, shard, offset, size):
         if self.cache_dir is None:
             return None
-        key = hashlib.sha256(f'{self.location}\0{shard}\0{offset}\0{size}'.encode()).hexdigest()[:40]
+        # the shard's sha256 (index.json): a shard made again with the same layout is another key
+        digest = self.index().shard_sha256.get(shard, '')
+        key = hashlib.sha256(f'{self.location}\0{shard}\0{digest}\0{offset}\0{size}'.encode()).hexdigest()[:40]
         return os.path.join(self.cache_dir, f'{key}.bin')
 
     def _cache_get(self, path, size):

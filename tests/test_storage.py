@@ -1,18 +1,21 @@
 """datasets/storage.py: ShardStore reads shards made by util_scripts.make_shards
 from a folder, an HTTP server and S3 (moto's server) on 127.0.0.1: the same bytes
 everywhere, retries of a flaky server, one-line errors, fork safety, pickling,
-the local cache, and storage_options without credentials."""
+the local cache (never serving a shard made again), storage_options without
+credentials and never in a message, missing S3 credentials said in one line."""
 import hashlib
 import io
+import json
 import multiprocessing
 import os
 import pickle
 import shutil
 import time
+from unittest import mock
 
 import pytest
 
-from datasets.shards import INDEX_JSON, INDEX_NPZ, ShardIndex
+from datasets.shards import INDEX_JSON, INDEX_NPZ, ShardIndex, file_sha256
 from datasets.storage import ShardStore, check_storage_options
 from tests.servers import faulty_http_server, http_server, s3_server
 from util_scripts import make_shards
@@ -326,3 +329,70 @@ def test_s3_truncated_shard(shards, s3, tmp_path):
 
 def test_s3_forked_children(shards, s3):
     check_forked_reads(ShardStore(s3[0], storage_options=s3[1], **FAST), shards[1])
+
+
+def test_a_cached_payload_of_a_shard_since_made_again_is_not_served(shards, tmp_path):
+    """Shards made again with the same layout (each video's member at the same place
+    and size, other bytes) and uploaded with their new index: the cache, keyed on the
+    shard's sha256 in the index, serves the new payload, not the one cached before."""
+    folder = tmp_path / 'shards'
+    shutil.copytree(shards[0], folder)
+    rel = sorted(shards[1])[0]
+    index = ShardIndex.load(folder)
+    shard, offset, size = index.lookup(rel)
+    with http_server(folder) as url:
+        assert ShardStore(url, cache_dir=tmp_path / 'cache', **FAST).read_member(rel) == shards[1][rel]
+        new = bytes(b ^ 0xFF for b in shards[1][rel])
+        with open(folder / shard, 'r+b') as f:
+            f.seek(offset)
+            f.write(new)
+        info = json.loads((folder / INDEX_JSON).read_text())
+        for s in info['shards']:
+            if s['name'] == shard:
+                s['sha256'] = file_sha256(folder / shard)
+        (folder / INDEX_JSON).write_text(json.dumps(info))
+        store = ShardStore(url, cache_dir=tmp_path / 'cache', **FAST)
+        assert store.read_member(rel) == new
+        assert store.open_member(rel).read() == new
+        assert ShardStore(url, cache_dir=tmp_path / 'cache', **FAST).open_member(rel).read() == new  # cached
+
+
+def test_storage_option_values_are_not_in_its_messages(monkeypatch):
+    options = {'client_kwargs': {'headers': {'X-Api-Key': 'APIKEYVALUE'}}, 'endpoint_url': 'http://127.0.0.1:1'}
+    store = ShardStore('https://u:PASSWORD@127.0.0.1:1/x?sig=SIGVALUE', storage_options=options, retries=0)
+
+    def fails(*args, **kwargs):
+        raise OSError('request with X-Api-Key APIKEYVALUE to https://u:PASSWORD@127.0.0.1:1/x?sig=SIGVALUE failed')
+    monkeypatch.setattr(store, 'filesystem', lambda: mock.Mock(cat_file=fails))
+    with pytest.raises(StorageError) as e:
+        store.index()
+    message = str(e.value)
+    assert 'X-Api-Key ***' in message and 'u:***@127.0.0.1:1' in message
+    for secret in ('APIKEYVALUE', 'PASSWORD', 'SIGVALUE'):
+        assert secret not in message
+
+
+def test_storage_options_kept_by_name_are_refused_in_one_line():
+    with pytest.raises(OptionError) as e:
+        check_storage_options(['client_kwargs.region_name', 'endpoint_url'])
+    assert str(e.value) == ('storage_options: only their names (client_kwargs.region_name, endpoint_url) are kept '
+                            'in opts.json and checkpoints, not their values: give --storage_options again')
+
+
+def test_s3_without_credentials_is_one_line_saying_where_they_are_looked_for(shards, s3, monkeypatch):
+    for name in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', 'AWS_SESSION_TOKEN', 'AWS_PROFILE'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('AWS_EC2_METADATA_DISABLED', 'true')  # no instance role to ask for
+    reads = []
+    store = ShardStore(s3[0], storage_options=s3[1], **FAST)
+    real = store._retrying
+    counted = lambda name, what, read: real(name, what, lambda: reads.append(1) or read())  # noqa: E731
+    monkeypatch.setattr(store, '_retrying', counted)
+    with pytest.raises(StorageError) as e:
+        store.index()
+    message = str(e.value)
+    assert len(reads) == 1, f'{len(reads)} tries'
+    assert message.startswith(f'{s3[0]}/index.json: no S3 credentials found') and '\n' not in message
+    for where in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', '~/.aws/credentials', 'AWS_PROFILE', 'role'):
+        assert where in message
+    assert 'network' not in message
