@@ -35,7 +35,7 @@ from utils.lr_schedule import LRSchedule, ScheduleConfig, schedule_kind, steps_p
 from utils.precision import amp_dtype
 from utils.preemption import agree_to_stop
 from utils.retention import BestTracker, checkpoint_name, drop_best_after, prune_checkpoints
-from utils.urls import redact_url
+from utils.urls import redact_url, storage_option_names
 
 # Kept apart from 'opts': a resumed run keeps them without being given them.
 FINE_TUNING_KEYS = ('n_classes', 'ft_begin_module', 'ft_lr_ratio')
@@ -73,6 +73,8 @@ def stored_form(opt):
     values = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in vars(opt).items()}
     if values.get('video_path'):
         values['video_path'] = redact_url(values['video_path'])  # an HTTP password never goes into a checkpoint
+    if 'storage_options' in values:  # nor a storage option's value (a key, a token): its name only
+        values['storage_options'] = storage_option_names(values['storage_options'])
     return {k: v for k, v in values.items() if v is None or isinstance(v, (str, int, float, bool, list))}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from models.x3d_sizes import SIZES as X3D_SIZES
 from utils.cli import Parser
-from utils.urls import redact_url, video_location
+from utils.urls import redact_url, redacted, storage_option_names, video_location
 
 # Used when --dataset synthetic and the option was not given: a small network
 # on tiny clips that learns the built-in data set in under a minute on 2 CPU cores.
@@ -425,6 +425,19 @@ def read_opts_file(path, parser):
     return values
 
 
+def _check_withheld(opt):
+    """What an opts.json does not keep (a URL's credentials, --storage_options'
+    values) and the command line did not give again: one line naming it."""
+    missing = []
+    if isinstance(opt.video_path, str) and redacted(opt.video_path):
+        missing.append(f'--video_path (kept as {opt.video_path})')
+    if isinstance(opt.storage_options, list):
+        missing.append(f'--storage_options ({", ".join(opt.storage_options) or "none"})')
+    if missing:
+        _fail(f'--opts_file {opt.opts_file}: its run\'s credentials and storage option values are not kept: '
+              f'give {" and ".join(missing)} again')
+
+
 def parse_opts(argv=None):
     parser = build_parser()
     opt = parser.parse_args(argv)
@@ -432,6 +445,7 @@ def parse_opts(argv=None):
     if from_file:
         parser.set_defaults(**from_file)
         opt = parser.parse_args(argv)
+        _check_withheld(opt)
     if opt.dataset == 'synthetic':
         # Re-parse so that options the user gave (and an opts file) win over the presets.
         parser.set_defaults(**{**SYNTHETIC_DEFAULTS, **from_file})
@@ -467,9 +481,13 @@ def option_defaults(dataset=None):
 
 
 def opts_to_dict(opt):
-    """JSON-safe dict of the options (paths as strings, a URL's password hidden)."""
-    return {k: (str(v) if isinstance(v, os.PathLike) else redact_url(v) if k == 'video_path' and v else v)
-            for k, v in vars(opt).items()}
+    """JSON-safe dict of the options (paths as strings, a URL's credentials hidden,
+    --storage_options by name only: their values may be keys or tokens)."""
+    values = {k: (str(v) if isinstance(v, os.PathLike) else redact_url(v) if k == 'video_path' and v else v)
+              for k, v in vars(opt).items()}
+    if 'storage_options' in values:
+        values['storage_options'] = storage_option_names(values['storage_options'])
+    return values
 
 
 def save_opts(opt, path, run=None):

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from utils.errors import ResultFolderBusy, ResultFolderError
+from utils.urls import redact_argv
 
 LOCK_NAME = '.lock'
 
@@ -64,7 +65,7 @@ class ResultFolderLock:
 
 
 def _owner_text():
-    command = ' '.join(sys.argv)
+    command = redact_argv(sys.argv)  # shown to the next run: no URL credential, no storage option value
     if len(command) > 200:
         command = command[:197] + '...'
     started = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())

@@ -18,7 +18,10 @@ ending at a blank, a quote or '<' '>':
   passphrase, api_key, ...) becomes ***, up to the next '&'.
 
 The scheme, host, port and path are kept, so that a message still says which
-stream or bucket it means."""
+stream or bucket it means.  --storage_options are kept by name only
+(:func:`storage_option_names`): opts.json, checkpoints and logs never hold their
+values."""
+import json
 import re
 from pathlib import Path
 
@@ -56,6 +59,56 @@ def secret_name(name) -> bool:
     """A query parameter's (or an option's) name that may carry a credential."""
     name = str(name).lower()
     return any(part in name for part in _SECRET_NAMES)
+
+
+def redacted(text) -> bool:
+    """A URL that redact_url hid something of (one stored by a run, not usable)."""
+    text = str(text)
+    return '://' in text and any(f'{c}{MASK}' in text for c in (':', '/', '='))
+
+
+def storage_option_names(options):
+    """What opts.json and checkpoints keep of --storage_options: the sorted names of
+    the options given (nested ones dotted: client_kwargs.region_name), never their
+    values, which may be keys or tokens; None when none were given."""
+    if options is None:
+        return None
+    if isinstance(options, list):  # already names (an opts.json read back)
+        return [str(name) for name in options]
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except ValueError:
+            return []
+    names = []
+
+    def walk(value, path):
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(v, f'{path}.{k}' if path else str(k))
+        elif path:
+            names.append(path)
+    walk(options, '')
+    return sorted(names)
+
+
+def redact_argv(argv) -> str:
+    """A command line to show: its URLs redacted, --storage_options' value by name only."""
+    shown, after_option = [], False
+    for arg in map(str, argv):
+        if after_option:
+            arg = _names_text(arg)
+        elif arg.startswith('--storage_options='):
+            arg = '--storage_options=' + _names_text(arg.split('=', 1)[1])
+        else:
+            arg = redact_url(arg)
+        after_option = arg == '--storage_options'
+        shown.append(arg)
+    return ' '.join(shown)
+
+
+def _names_text(value):
+    return f'<{",".join(storage_option_names(value) or [])}>'
 
 
 def video_location(text):
