@@ -612,6 +612,32 @@ def test_eval_accuracy_cli(gt_and_result, capsys):
     assert 'top-2 accuracy: 0.7500 (3/4)' in proc.stdout
 
 
+def test_eval_accuracy_says_how_many_videos_have_no_result(gt_and_result, capsys):
+    """A result file covering some of the subset (predict.py --json on part of
+    it): the accuracy counts the others as wrong, and says so, printed and
+    in top<k>.json beside top<k>.txt."""
+    gt, res = gt_and_result
+    assert eval_accuracy.main([str(gt), str(res), '--save']) == 0.5
+    note = ("note: 1 of the 4 'validation' videos have no result: counted as wrong (--ignore "
+            "evaluates the 3 with a result only)")
+    assert note in capsys.readouterr().out.splitlines()
+    assert (res.parent / 'top1.txt').read_text() == '0.5'  # the predecessor's content
+    assert json.loads((res.parent / 'top1.json').read_text()) == {
+        'k': 1, 'accuracy': 0.5, 'hits': 2, 'videos': 4, 'videos_without_result': 1,
+        'without_result_counted': 'as wrong', 'note': note}
+    eval_accuracy.main([str(gt), str(res), '--save', '--ignore'])
+    assert ("note: 1 of the 4 'validation' videos have no result: left out (--ignore); the "
+            "accuracy is over the 3 with one") in capsys.readouterr().out
+    assert json.loads((res.parent / 'top1.json').read_text())['without_result_counted'] == \
+        'left out (--ignore)'
+    results = json.loads(res.read_text())
+    results['results']['v4'] = [{'label': 'a', 'score': 1.0}]
+    res.write_text(json.dumps(results))
+    eval_accuracy.main([str(gt), str(res), '--save'])
+    assert 'note' not in capsys.readouterr().out
+    assert json.loads((res.parent / 'top1.json').read_text())['videos_without_result'] == 0
+
+
 def test_eval_accuracy_reads_and_counts_once(gt_and_result, monkeypatch, capsys):
     """One evaluation path: the printed figure and top<k>.txt are the same count."""
     import utils.metrics

@@ -9,15 +9,19 @@ inference writes: {"results": {video_id: [{"label", "score"}, ...]}}, or the
 per-clip form {"results": {video_id: [{"segment", "result": [...]}, ...]}},
 whose scores are averaged over the clips of each video first. Every
 labelled video of the subset counts; one without a result counts as wrong
-unless --ignore restricts the evaluation to the videos in the results.
+unless --ignore restricts the evaluation to the videos in the results; how
+many had none, and how they were counted, is printed under the accuracy and
+written to top<k>.json with --save.
 Top-k needs k labels per video: from a file that ranks fewer (inference's
 --output_topk 3, say) the largest top-k it holds is printed instead, with a
 note.
 """
 import argparse
+import json
 from pathlib import Path
 
 from utils.metrics import evaluate_file, format_report, save_confusion_png
+from utils.video_accuracy import canonical_subset
 
 
 def main(argv=None):
@@ -50,6 +54,9 @@ def main(argv=None):
         raise SystemExit(f'error: {e}')
     accuracy = evaluation.topk(args.k)
     print('\n'.join(evaluation.summary_lines()))
+    missing = missing_line(evaluation, canonical_subset(args.subset), args.ignore)
+    if missing:
+        print(missing)
     if args.report:
         print('\n' + format_report(evaluation.report, evaluation.class_names))
     if args.confusion is not None:
@@ -59,10 +66,28 @@ def main(argv=None):
         if accuracy is None:
             raise SystemExit(f'error: top-{args.k} accuracy: {evaluation.why_not(args.k)}; '
                              f'nothing written')
-        # Same content as the predecessor's file: the bare accuracy.
+        # Same content as the predecessor's file: the bare accuracy; the counts beside it.
         with (args.result_path.parent / f'top{args.k}.txt').open('w') as f:
             f.write(str(accuracy))
+        counts = {'k': args.k, 'accuracy': accuracy, 'hits': evaluation.topk_hits[args.k],
+                  'videos': evaluation.n_videos, 'videos_without_result': evaluation.n_missing,
+                  'without_result_counted': 'left out (--ignore)' if args.ignore else 'as wrong',
+                  'note': missing}
+        (args.result_path.parent / f'top{args.k}.json').write_text(json.dumps(counts, indent=1) + '\n')
     return accuracy
+
+
+def missing_line(evaluation, subset, ignore):
+    """The note on the labelled videos that have no result (None: every one has)."""
+    n = evaluation.n_missing
+    if not n:
+        return None
+    if ignore:
+        total = evaluation.n_videos + n
+        return (f'note: {n} of the {total} \'{subset}\' videos have no result: left out (--ignore); '
+                f'the accuracy is over the {evaluation.n_videos} with one')
+    return (f'note: {n} of the {evaluation.n_videos} \'{subset}\' videos have no result: counted as '
+            f'wrong (--ignore evaluates the {evaluation.n_videos - n} with a result only)')
 
 
 if __name__ == '__main__':

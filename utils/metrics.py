@@ -109,6 +109,7 @@ class VideoEvaluation:
     unscored: np.ndarray
     report: ClassReport
     depth: int | None = None  # labels ranked per video, when fewer than the classes
+    n_missing: int = 0  # labelled videos without a result: wrong, or left out with ignore
 
     def topk(self, k):
         """Top-k accuracy, or None when it cannot be counted (fewer than k
@@ -180,7 +181,8 @@ def evaluate_ranked(ground_truth, ranked, class_names, ignore=False, ks=(1, 5), 
             unscored[t] += 1
     confusion = confusion_matrix(targets, predictions, n)
     return VideoEvaluation(list(class_names), len(videos), tuple(sorted(set(ks))), hits,
-                           confusion, unscored, class_report(confusion, unscored), depth)
+                           confusion, unscored, class_report(confusion, unscored), depth,
+                           sum(v not in ranked for v in ground_truth))
 
 
 def evaluate_file(gt_path, result_path, subset='validation', ignore=False, ks=(1, 5)):
