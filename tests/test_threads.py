@@ -1,6 +1,7 @@
 """Intra-op threads chosen from the CPUs a process may use (utils/threads.py), and
 the live keep-up line that tells threads from the model."""
 import os
+import re
 
 import pytest
 import torch
@@ -91,3 +92,11 @@ def test_one_thread_time_restores_the_pool(restore_threads):
     assert torch.get_num_threads() == 2
     torch.set_num_threads(1)
     assert live.one_thread_time(Scorer(), (48, 64)) is None
+
+
+def test_bench_threads_prints_a_row_a_workload(capsys):
+    from bench import threads as bench
+    assert bench.main(['--busy', '0', '--threads', '1', '--workloads', 'live window', '--seconds', '0.05']) == 0
+    out = capsys.readouterr().out
+    assert 'usable CPUs; load average before:' in out
+    assert re.search(r'^\| live window \| 0 \| \d+\.\d \(\d+\.\d\) \|$', out, re.M)
