@@ -206,20 +206,49 @@ def _near_tied(checkpoint, path):
     return path
 
 
-def test_int8_under_min_agreement_writes_nothing(checkpoints, tiny_synthetic, tmp_path_factory):
-    _, annotation_path = tiny_synthetic
+@pytest.fixture(scope='module')
+def tied_agreement(checkpoints, tiny_synthetic, tmp_path_factory):
+    """(near-tied checkpoint, the int8 agreement export measures for it, its
+    validation clips), measured once with --min_agreement 0 (written)."""
     tied = _near_tied(checkpoints['resnet'], tmp_path_factory.mktemp('tied') / 'tied.pth')
-    folder = tmp_path_factory.mktemp('refused')
+    folder = tmp_path_factory.mktemp('tied_int8')
+    with contextlib.redirect_stdout(io.StringIO()):
+        report = _export_int8(tied, tiny_synthetic[1], folder, 0)
+    assert [p.name for p in folder.iterdir()] == ['model_int8.onnx']
+    assert 0 < report.agreement < 1, report  # room on both sides
+    return tied, report.agreement, report.n_clips
+
+
+def _export_int8(checkpoint, annotation_path, folder, min_agreement):
+    return export.main([str(checkpoint), '--output', str(folder / 'model_int8.onnx'), '--quantize', 'int8',
+                        '--calibration', str(annotation_path), *INT8_CLIPS, '--min_agreement',
+                        repr(min_agreement)])
+
+
+def test_int8_under_min_agreement_writes_nothing(tied_agreement, tiny_synthetic, tmp_path):
+    """--min_agreement half a clip above the agreement measured: refused."""
+    tied, agreement, n_clips = tied_agreement
+    above = agreement + 0.5 / n_clips
     with pytest.raises(SystemExit) as e:
-        export.main([str(tied), '--output', str(folder / 'model_int8.onnx'), '--quantize', 'int8',
-                     '--calibration', str(annotation_path), *INT8_CLIPS])
+        _export_int8(tied, tiny_synthetic[1], tmp_path, above)
     message = str(e.value.code)
     print(f'\n{message}')
     found = re.fullmatch(r'error: the int8 top-1 agrees with fp32 on ([\d.]+)% of the validation clips '
-                         r'\((\d+)/24, .*\), under --min_agreement 98.0%: not written '
+                         rf'\((\d+)/24, .*\), under --min_agreement {above:.1%}: not written '
                          r'\(video accuracy fp32 [\d.]+%, int8 [\d.]+%\)', message)
-    assert found is not None and float(found.group(1)) < 98.0 and '\n' not in message
-    assert list(folder.iterdir()) == []
+    assert found is not None and '\n' not in message, message
+    assert float(found.group(1)) == pytest.approx(100 * agreement, abs=0.05)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_int8_at_or_over_min_agreement_is_written(tied_agreement, tiny_synthetic, tmp_path):
+    """--min_agreement half a clip under the agreement measured: written (as far
+    under 0.98 as the agreement is: the option, not the default, decides)."""
+    tied, agreement, n_clips = tied_agreement
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        report = _export_int8(tied, tiny_synthetic[1], tmp_path, agreement - 0.5 / n_clips)
+    assert report.agreement == agreement and (tmp_path / 'model_int8.onnx').is_file()
+    assert f'--min_agreement {agreement - 0.5 / n_clips:.1%}' in printed.getvalue()
 
 
 def test_int8_bad_calibration_or_video_path_names_it(checkpoints, tiny_synthetic, tmp_path, capsys):
