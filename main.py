@@ -48,6 +48,7 @@ from utils.logs import (
 from utils.mix import MixConfig
 from utils.precision import make_deterministic, refuse_bf16_below_sm80
 from utils.preemption import Preempted, StopRequest, agree_to_stop
+from utils.progress import on_terminal
 from utils.result_folder import ResultFolderLock, claim_result_folder, refuse_or_clear_other_run
 from utils.resumable_data import epoch_seed, restart_seed, start_epoch
 from utils.run_record import RunRecord
@@ -235,7 +236,7 @@ def restore(opt, ctx, record, checkpoint):
 def loop_config(opt, record):
     return LoopConfig(amp=record.amp,
                       accumulation_steps=opt.accumulation_steps, log_interval=opt.log_interval,
-                      progress_bar=not opt.no_progress, frozen_modules=record.frozen_modules,
+                      progress_bar=not opt.no_progress and on_terminal(), frozen_modules=record.frozen_modules,
                       amp_dtype=opt.amp_dtype, clip_grad_norm=opt.clip_grad_norm,
                       mix=MixConfig(opt.mixup_alpha, opt.cutmix_alpha, opt.mix_prob,
                                     opt.mix_switch_prob),

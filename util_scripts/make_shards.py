@@ -105,6 +105,7 @@ from datasets import shards
 from datasets.annotation import SUBSETS, load_annotations, read_annotation
 from datasets.formats import HDF5_RGB_KEYS, frame_count, frame_file_name, frame_numbers
 from utils.errors import DataError
+from utils.progress import on_terminal
 
 from .utils import contiguous_frames, fail
 
@@ -467,7 +468,7 @@ def main(argv=None, command_line=None):
     if start < len(videos):
         remove_index(args.out)
     run = Run(args.out, videos, args.file_type, args.shard_size, kept, rows, failures)
-    with tqdm(total=len(videos), initial=start, unit='video', disable=args.no_progress,
+    with tqdm(total=len(videos), initial=start, unit='video', disable=args.no_progress or not on_terminal(),
               file=sys.stderr, mininterval=1.0) as bar:
         try:
             write_shards(run, start, args.workers, bar)

@@ -23,6 +23,7 @@ from datasets.formats import (
 from datasets.video import count_frames, iter_frames
 from utils.cli import Parser
 from utils.errors import DataError
+from utils.progress import on_terminal
 
 VIDEO_EXTS = set(VIDEO_EXTENSIONS)
 
@@ -114,7 +115,7 @@ def run_conversions(jobs, func, n_jobs, processes=False, max_listed=None):
         folder.mkdir(parents=True, exist_ok=True)
     results = parallel_map(func, jobs, n_jobs, processes)
     for source, status, message in tqdm(results, total=len(jobs),
-                                         unit='video', mininterval=1.0):
+                                         unit='video', mininterval=1.0, disable=not on_terminal()):
         counts[status] += 1
         if status == 'failed':
             failures.append(f'{source}: {message}')
