@@ -25,6 +25,7 @@ from utils.checkpoint import (
     capture_rng_state,
     find_latest_checkpoint,
     load_checkpoint,
+    load_training_checkpoint,
     restore_rng_state,
     save_checkpoint_atomic,
 )
@@ -34,7 +35,15 @@ from utils.launch import log, on_main_rank
 from utils.lr_schedule import LRSchedule, ScheduleConfig, schedule_kind, steps_per_epoch
 from utils.precision import amp_dtype
 from utils.preemption import agree_to_stop
-from utils.retention import BestTracker, checkpoint_name, drop_best_after, prune_checkpoints
+from utils.result_folder import record_last_checkpoint, recorded_last_checkpoint, set_aside_later_checkpoints
+from utils.retention import (
+    BEST,
+    BestTracker,
+    checkpoint_name,
+    checkpoint_progress,
+    drop_best_after,
+    prune_checkpoints,
+)
 from utils.urls import redact_url, storage_option_names
 
 # Kept apart from 'opts': a resumed run keeps them without being given them.
@@ -93,6 +102,8 @@ class CheckpointSaver:
     def __init__(self, opt, ctx, record, model, trainer, class_names):
         self.opt, self.ctx = opt, ctx
         self.state = (record, model, trainer, class_names)  # what save_checkpoint takes
+        if ctx.is_main and record.resume_path is not None:
+            set_aside_abandoned_line(opt.result_path, record, ctx)
         if ctx.is_main:
             dropped = drop_best_after(opt.result_path, record.begin_epoch - 1)
             if dropped is not None:
@@ -112,6 +123,7 @@ class CheckpointSaver:
 
         def write():
             save_checkpoint(path, epoch, self.opt, *self.state, batches_done, rank_states)
+            record_last_checkpoint(self.opt.result_path, path)
             prune_checkpoints(self.opt.result_path, self.opt.keep_last)
         on_main_rank(self.ctx, write)
         return path
@@ -133,6 +145,22 @@ class CheckpointSaver:
         if self.best.improves(video_acc):
             save_checkpoint(self.best.path, epoch, self.opt, *self.state)
             self.best.saved(epoch, video_acc)
+
+
+def set_aside_abandoned_line(result_path, record, ctx):
+    """Checkpoints after the one the run resumes are of a line of training it
+    abandons: moved into a subfolder (utils.result_folder), in one line."""
+    progress = (record.begin_epoch - 1, record.begin_batch)
+    folder, moved = set_aside_later_checkpoints(result_path, progress)
+    if folder is None:
+        return
+    checkpoints = [n for n in moved if checkpoint_progress(n) is not None]
+    names = ', '.join(checkpoints[:2]) + (f' ... {checkpoints[-1]}' if len(checkpoints) > 2 else '')
+    best = ' and best.pth' if BEST in moved else ''
+    after = f'epoch {progress[0]}' + (f' and {progress[1]} batches' if progress[1] else '')
+    log(ctx, f'{result_path} holds checkpoints after the one this run resumes ({after}): {names}, '
+             f'of a line of training it abandons: moved{best}, with copies of the logs as they were, '
+             f'into {folder.name}/ (--auto_resume and the logs follow this run from here)')
 
 
 class StepCheckpoints:
@@ -177,16 +205,49 @@ def fine_tuning_settings(opt, checkpoint, checkpoint_path, defaults):
 
 
 def resume_path(opt, ctx):
-    """--resume_path; with --auto_resume, the newest checkpoint of the result
-    folder that loads (or None). Rank 0 chooses, so every rank resumes from
-    the same file."""
+    """--resume_path; with --auto_resume, the checkpoint the result folder's
+    last run wrote last (last_checkpoint.json), else (a folder of an earlier
+    version) the newest that loads, or None. Rank 0 chooses, so every rank
+    resumes from the same file."""
     if opt.resume_path is not None or not opt.auto_resume:
         return opt.resume_path
     latest = du.broadcast_object(
-        find_latest_checkpoint(opt.result_path) if ctx.is_main else None, ctx)
+        auto_resume_checkpoint(opt.result_path) if ctx.is_main else None, ctx)
     if latest is not None:
         log(ctx, f'auto-resume from {latest}')
+        if ctx.is_main and (note := written_after(latest)):
+            log(ctx, note)
     return latest
+
+
+def auto_resume_checkpoint(result_path):
+    """The checkpoint last_checkpoint.json names when it loads: a higher-numbered
+    one is left by a line of training a resume abandoned; else the newest that loads."""
+    recorded = recorded_last_checkpoint(result_path)
+    if recorded is not None:
+        try:
+            load_training_checkpoint(recorded)
+            return recorded
+        except CheckpointError:
+            pass
+    return find_latest_checkpoint(result_path)
+
+
+def written_after(chosen):
+    """A warning when a lower-numbered checkpoint beside `chosen` was written
+    after it (a folder without last_checkpoint.json, of an earlier version:
+    a resume from an earlier epoch left the later checkpoints of the line it
+    abandoned), else None."""
+    if recorded_last_checkpoint(chosen.parent) is not None:
+        return None
+    newer = [p for p in chosen.parent.glob('save_*.pth') if checkpoint_progress(p.name) is not None
+             and p.stat().st_mtime > chosen.stat().st_mtime]
+    if not newer:
+        return None
+    last = max(newer, key=lambda p: p.stat().st_mtime)
+    return (f'warning: {last.name} was written after {chosen.name}: {chosen.name} may be of a line of '
+            f'training a resume abandoned; to go on from {last.name}, give --resume_path {last} (the '
+            f'later checkpoints are then set aside)')
 
 
 def check_same_optimization(opt, checkpoint, checkpoint_path):

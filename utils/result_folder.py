@@ -9,7 +9,9 @@ message shown to a second run.
 """
 import errno
 import fcntl
+import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -80,9 +82,14 @@ def _read_owner(fd):
     return text or 'owner unknown: it may still be starting'
 
 
+LAST_CHECKPOINT = 'last_checkpoint.json'
+
 # Files a run writes into its result folder; --overwrite deletes exactly these.
 RUN_FILES = ('opts.json', 'train.log', 'train_batch.log', 'val.log', 'train.json', 'val.json',
-             'test.json', 'best.pth', 'best.json', 'curves.png')
+             'test.json', 'best.pth', 'best.json', 'curves.png', LAST_CHECKPOINT)
+# What a line of training set aside keeps of the folder's logs (copies: the
+# resumed run truncates them) besides its checkpoints and best.pth.
+ABANDONED_LOGS = ('train.log', 'train_batch.log', 'val.log', 'opts.json')
 
 
 def check_writable(result_path):
@@ -134,3 +141,59 @@ def claim_result_folder(result_path, lock):
     lock.acquire()
     check_writable(result_path)
     remove_stale_temporaries(result_path)
+
+
+def record_last_checkpoint(result_path, checkpoint_path):
+    """Names the checkpoint just written as the run's last (after it is in
+    place; written atomically): --auto_resume takes it, not a higher-numbered
+    checkpoint another line of training left."""
+    record = Path(result_path) / LAST_CHECKPOINT
+    tmp = record.with_name(f'.{LAST_CHECKPOINT}.tmp')
+    tmp.write_text(json.dumps({'checkpoint': Path(checkpoint_path).name}) + '\n')
+    os.replace(tmp, record)
+
+
+def recorded_last_checkpoint(result_path):
+    """The checkpoint last_checkpoint.json names, when it is still there; None
+    without a record (a folder of an earlier version) or when it is gone."""
+    from utils.retention import checkpoint_progress
+    try:
+        name = json.loads((Path(result_path) / LAST_CHECKPOINT).read_text())['checkpoint']
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = Path(result_path) / str(name)
+    return path if checkpoint_progress(path.name) is not None and path.is_file() else None
+
+
+def set_aside_later_checkpoints(result_path, progress, now=None):
+    """A run resumed from a checkpoint of `progress` ((completed epochs, batches
+    of the next), utils.retention.checkpoint_progress) into a folder holding
+    later checkpoints abandons the line of training that wrote them: they move
+    into abandoned_<time>/, with best.pth/best.json when they are of a later
+    epoch and copies of the logs as they were (the run truncates them), so
+    neither --auto_resume nor --keep_last mixes the two lines. Returns (the
+    folder, the names moved), or (None, []) when nothing is later."""
+    from utils.retention import BEST, checkpoint_progress, checkpoints_newest_first
+    result_path = Path(result_path)
+    later = [p for p in checkpoints_newest_first(result_path) if checkpoint_progress(p.name) > progress]
+    if not later:
+        return None, []
+    stamp = time.strftime('%Y%m%d-%H%M%S', time.localtime(now))
+    folder, n = result_path / f'abandoned_{stamp}', 1
+    while folder.exists():  # two resumes within a second
+        n += 1
+        folder = result_path / f'abandoned_{stamp}_{n}'
+    folder.mkdir()
+    moved = list(reversed(later))  # oldest first
+    try:
+        best_epoch = json.loads((result_path / 'best.json').read_text())['epoch']
+    except (OSError, ValueError, KeyError, TypeError):
+        best_epoch = None
+    if best_epoch is not None and best_epoch > progress[0] and (result_path / BEST).is_file():
+        moved += [result_path / BEST, result_path / 'best.json']
+    for path in moved:
+        os.replace(path, folder / path.name)
+    for name in ABANDONED_LOGS:
+        if (result_path / name).is_file():
+            shutil.copy2(result_path / name, folder / name)
+    return folder, [p.name for p in moved]
