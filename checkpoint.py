@@ -138,13 +138,13 @@ class CheckpointSaver:
             du.barrier(self.ctx)
         acc = val_stats['acc'] if val_stats else None  # equal on every rank
         if self.opt.keep_last and acc is not None:
-            on_main_rank(self.ctx, lambda: self.save_best(epoch, acc))
+            on_main_rank(self.ctx, lambda: self.save_best(epoch, acc, val_stats['loss']))
         return path
 
-    def save_best(self, epoch, video_acc):
-        if self.best.improves(video_acc):
+    def save_best(self, epoch, video_acc, val_loss):
+        if self.best.improves(epoch, video_acc, val_loss):
             save_checkpoint(self.best.path, epoch, self.opt, *self.state)
-            self.best.saved(epoch, video_acc)
+            self.best.saved(epoch, video_acc, val_loss)
 
 
 def set_aside_abandoned_line(result_path, record, ctx):

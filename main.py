@@ -270,7 +270,8 @@ def fit(run, checkpoint):
             start_training_epoch(opt, ctx, epoch, train_loader, trainer, checkpoint, first_batch)
             stats, val_stats = train_and_validate(run, epoch, train_loader, trainer, logs, first_batch,
                                                   lambda done, e=epoch: steps.after_step(e, done))
-            if warning := loss_watch.check(epoch, stats['loss'], stats['first_loss']):
+            if warning := loss_watch.check(epoch, stats['loss'], stats['first_loss'],
+                                           val_stats['loss'] if val_stats else None):
                 log(ctx, warning)
             if steps.stopped_at is not None:
                 raise Preempted(stop.signal_name or 'a signal to another rank', steps.stopped_at)

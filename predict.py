@@ -186,7 +186,6 @@ from model import classifier_name
 from opts import option_defaults
 from utils.device_batches import DeviceLoader, ToDevice
 from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
-from utils.progress import on_terminal
 from utils.threads import set_threads
 
 
@@ -450,7 +449,7 @@ def classify(dataset, model, device, args, failures, keep_views=False, feature_m
                         pin_memory=device.type == 'cuda')
     scores = ViewScores(keep_views=keep_views)
     ids = [r.video_id for r in dataset.records]
-    batches = _good_batches(loader, ids, failures, not args.no_progress and on_terminal())
+    batches = _good_batches(loader, ids, failures, not args.no_progress)
     to_device = ToDevice(device, dataset.spatial_transform.device_normalizer)
     for batch in score_views(DeviceLoader(batches, to_device), model, amp=args.half, amp_dtype='fp16',
                              feature_module=feature_module):
@@ -537,9 +536,11 @@ def frame_rate(video, fallback):
     """A video file's frame rate; frame folders and hdf5 files do not say (fallback)."""
     if video.kind == 'video':
         import av
+
+        from datasets.video_stream import video_stream
         with av.open(video.path) as container:
-            stream = container.streams.video[0]
-            rate = stream.average_rate or stream.guessed_rate
+            stream = video_stream(container)  # the one the loader reads
+            rate = stream and (stream.average_rate or stream.guessed_rate)
         if rate:
             return float(rate)
     return fallback
@@ -657,7 +658,7 @@ def run(args, failures):
         if not isinstance(model, torch.nn.Module):
             raise OptionError('--extract_features needs the checkpoint, not an exported file')
         head = model.get_submodule(classifier_name(options.model))
-    records = measure_videos(videos, failures, not args.no_progress and on_terminal())
+    records = measure_videos(videos, failures, not args.no_progress)
     windows = bool(args.timeline or args.output_video)
     out = Outcome({}, {}, {}, {} if head is not None else None)
     if records:

@@ -156,34 +156,61 @@ class EpochTotals:
 
 
 class LossWatch:
-    """One warning when the training loss of a run's first epochs turns nan or
-    inf, or grows tenfold over the loss of its first step: most often the
-    learning rate is too high for the data (the default, 0.1, is sized for
-    batch 128 on Kinetics; a small data set can diverge with it)."""
+    """One warning line when the training loss turns nan or inf (at any epoch),
+    or grows tenfold over the loss of its first step (in the run's first
+    epochs), and one when the validation loss grows tenfold over its lowest
+    (or turns nan): most often the learning rate is too high for the data (the
+    default, 0.1, is sized for batch 128 on Kinetics; a small data set can
+    diverge with it)."""
 
     def __init__(self, learning_rate, first_epoch, n_epochs=5):
         self.learning_rate = learning_rate  # --learning_rate, as given
         self.last_watched = first_epoch + n_epochs - 1
         self.reference = None  # the loss of the run's first step
-        self.warned = False
+        self.best_val = None  # (lowest validation loss, its epoch)
+        self.warned = self.warned_val = False
 
-    def check(self, epoch, loss, first_loss):
-        """The warning line (once a run), or None, after an epoch of mean
-        training loss `loss` whose first step's was `first_loss`."""
-        if self.warned or epoch > self.last_watched:
-            return None
+    def check(self, epoch, loss, first_loss, val_loss=None):
+        """The warning line, or None, after an epoch of mean training loss
+        `loss` whose first step's was `first_loss`, and validation loss
+        `val_loss` (None: not validated)."""
         if self.reference is None and first_loss is not None and math.isfinite(first_loss):
             self.reference = first_loss
+        line = None if self.warned else self._training(epoch, loss)
+        self.warned = self.warned or line is not None
+        if val_loss is not None:
+            if line is None and not self.warned_val:
+                line = self._validation(epoch, val_loss)
+                self.warned_val = line is not None
+            if math.isfinite(val_loss) and (self.best_val is None or val_loss < self.best_val[0]):
+                self.best_val = (val_loss, epoch)
+        return line
+
+    def _training(self, epoch, loss):
         if not math.isfinite(loss):
-            what = f'is {loss} in epoch {epoch}'
-        elif self.reference is not None and loss >= 10 * self.reference:
-            what = f'grew from {self.reference:.4g} (the first step) to {loss:.4g} (epoch {epoch})'
-        else:
+            return self._line(f'training loss is {loss} in epoch {epoch}')
+        if epoch <= self.last_watched and self.reference is not None and loss >= 10 * self.reference:
+            return self._line(f'training loss grew from {self.reference:.4g} (the first step) to '
+                              f'{loss:.4g} (epoch {epoch})')
+        return None
+
+    def _validation(self, epoch, loss):
+        if self.best_val is None:
             return None
-        self.warned = True
+        best, best_epoch = self.best_val
+        if not math.isfinite(loss):
+            return self._line(f'validation loss is {loss} in epoch {epoch} (lowest {best:.4g}, epoch '
+                              f'{best_epoch})')
+        if loss < 10 * best:
+            return None
+        return self._line(f'validation loss grew from {best:.4g} (epoch {best_epoch}) to {loss:.4g} '
+                          f'(epoch {epoch})')
+
+    def _line(self, what):
         lr = self.learning_rate
-        return (f'warning: the training loss {what}: the learning rate is likely too high for this '
-                f'data; give a smaller --learning_rate than {lr:g} (e.g. {lr / 10:g})')
+        return (f'warning: the {what}: the learning rate is likely too high for this data; give a '
+                f'smaller --learning_rate than {lr:g} (e.g. {lr / 10:g}), or warm up to it '
+                f'(--lr_scheduler cosine --warmup_epochs 2)')
 
 
 @dataclass

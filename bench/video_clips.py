@@ -66,10 +66,12 @@ def prepare(root: Path, n_videos: int) -> dict:
 def plain_pyav(path, positions, scaler=[]):  # noqa: B006 - one scaler for all calls
     import av
     from av.video.reformatter import VideoReformatter
+
+    from datasets.video_stream import video_stream
     if not scaler:
         scaler.append(VideoReformatter())
     with av.open(str(path)) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)  # the stream the loaders read
         stream.codec_context.thread_count = 1
         step = 1 / (float(stream.average_rate) * stream.time_base)
         start = stream.start_time or 0

@@ -18,6 +18,8 @@ works on the videos.
   short, no frames), from the file's own index or one demux pass (--check_frames all).
 
 Rotated (phone) videos come out upright: the display matrix is applied.
+Of several video streams, every reader takes the one FFmpeg picks, never a cover
+picture (datasets.video_stream.video_stream).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import torch
 from datasets import container_ends as ends
 from datasets.open_files import OpenFiles
 from datasets.spatial_transforms import DCT_FACTORS
+from datasets.video_stream import only_pictures, video_stream
 from utils.errors import DataError
 
 __all__ = ['FrameIndex', 'VideoClip', 'VideoClipLoader', 'check_video_frames', 'container_frames',
@@ -80,8 +83,14 @@ def _open_member(av, rel: str, store):
 
 
 def _with_video(container, name: str):
-    if not container.streams.video:
+    """The container, if it has a video stream to read (video_stream: FFmpeg's pick,
+    never a cover picture); else closed, and a DataError naming the file."""
+    if video_stream(container) is None:
+        pictures = only_pictures(container)
         container.close()
+        if pictures:
+            raise DataError(f'video file {name} holds no moving video, only a still picture '
+                            f'(a cover): leave it out of the data set, or re-download the video')
         raise DataError(f'video file {name} has no video stream: {_REENCODE}')
     return container
 
@@ -252,7 +261,7 @@ def iter_frames(path, fps: float | None = None, short_side: int | None = None,
     path = os.fspath(path)
     av = _av()
     with _open(path) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         _set_threads(stream, threads)
         frames = container.decode(stream)
         convert = _reformatter(threads)
@@ -501,7 +510,7 @@ def container_frames(path) -> int | None:
     """The frame count the container's header gives (None if it gives none);
     opens the file, decodes nothing.  Raises DataError if it is no video."""
     with _open(os.fspath(path)) as container:
-        n = container.streams.video[0].frames
+        n = video_stream(container).frames
     return int(n) if n > 0 else None
 
 
@@ -515,7 +524,7 @@ def count_frames(path, exact: bool = False) -> tuple[int, str]:
     path = os.fspath(path)
     av = _av()
     with _open(path) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         formats = set(container.format.name.split(','))
         if not exact and stream.frames > 0 and formats & set(EXACT_COUNT_FORMATS):
             entries = stream.index_entries
@@ -548,7 +557,7 @@ class _OpenVideo:
 
     def _open_container(self):
         self.container = _open(self.path, self.store)
-        self.stream = self.container.streams.video[0]
+        self.stream = video_stream(self.container)
         _set_threads(self.stream, self.threads)
 
     def reopen(self):
@@ -698,7 +707,7 @@ def check_video_frames(path, needed: int, store=None) -> str | None:
     path = os.fspath(path)
     try:
         with _open(path, store) as container:
-            stream = container.streams.video[0]
+            stream = video_stream(container)
             if _whole_by_its_index(container, stream):
                 return None  # a whole file: clips past its end are loop-padded
             index = scan_frame_index(container, stream)

@@ -729,7 +729,7 @@ def test_the_loss_watch_warns_once_on_nan_or_tenfold_growth_in_the_first_epochs(
     line = watch.check(3, 23.0, first_loss=20.0)
     assert line == ('warning: the training loss grew from 2.3 (the first step) to 23 (epoch 3): the '
                     'learning rate is likely too high for this data; give a smaller --learning_rate '
-                    'than 0.1 (e.g. 0.01)')
+                    'than 0.1 (e.g. 0.01), or warm up to it (--lr_scheduler cosine --warmup_epochs 2)')
     assert watch.check(4, float('nan'), 1.0) is None  # once a run
     assert 'loss is nan in epoch 1:' in LossWatch(0.1, 1).check(1, float('nan'), float('nan'))
     assert 'to 3.1e+09 (epoch 1)' in LossWatch(0.1, 1).check(1, 3.1e9, 1.8)  # within epoch 1
@@ -737,6 +737,23 @@ def test_the_loss_watch_warns_once_on_nan_or_tenfold_growth_in_the_first_epochs(
     assert late.check(1, 1.0, 1.8) is None and late.check(6, 100.0, 90.0) is None  # 5 epochs only
     resumed = LossWatch(0.1, first_epoch=7)  # a resumed run watches its own first epochs
     assert resumed.check(7, 1.0, 1.0) is None and 'epoch 8' in resumed.check(8, 10.0, 9.0)
+
+
+def test_the_loss_watch_names_nan_at_any_epoch_and_a_tenfold_validation_loss():
+    watch = LossWatch(0.1, first_epoch=1)
+    assert watch.check(1, 1.0, 1.8, val_loss=2.0) is None
+    assert watch.check(2, 0.5, 0.9, val_loss=0.5) is None  # the lowest: 0.5 (epoch 2)
+    assert watch.check(3, 0.2, 0.3, val_loss=4.9) is None  # 9.8x
+    line = watch.check(4, 0.1, 0.2, val_loss=5.0)
+    assert line.startswith('warning: the validation loss grew from 0.5 (epoch 2) to 5 (epoch 4): the '
+                           'learning rate is likely too high') and '--warmup_epochs' in line
+    assert watch.check(5, 0.1, 0.2, val_loss=50.0) is None  # once a run
+    assert 'training loss is inf in epoch 9:' in watch.check(9, float('inf'), 0.2)  # past the first epochs
+    late_nan = LossWatch(0.1, first_epoch=1)
+    assert late_nan.check(1, 1.0, 1.0, 1.0) is None
+    line = late_nan.check(12, float('nan'), float('nan'), float('nan'))  # one line for both
+    assert 'training loss is nan in epoch 12' in line and late_nan.check(13, 1.0, 1.0, float('nan')) \
+        == late_nan._line('validation loss is nan in epoch 13 (lowest 1, epoch 1)')
 
 
 def test_a_diverging_run_names_the_learning_rate_once(tiny_synthetic, tmp_path, capsys):

@@ -8,7 +8,7 @@ import main
 from tests.conftest import tiny_args
 from utils.checkpoint import find_latest_checkpoint, load_checkpoint
 from utils.logs import read_tsv
-from utils.retention import checkpoint_name, checkpoint_progress, prune_checkpoints
+from utils.retention import BestTracker, better_epoch, checkpoint_name, checkpoint_progress, prune_checkpoints
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread', 'no_curves')
 
@@ -44,15 +44,47 @@ def test_auto_resume_picks_the_newest_including_mid_epoch(tmp_path):
     assert find_latest_checkpoint(tmp_path).name == 'save_3_10.pth'
 
 
+def _epoch(epoch, acc, loss):
+    return {'epoch': epoch, 'val_video_acc': acc, 'val_loss': loss}
+
+
+def test_best_breaks_accuracy_ties_by_validation_loss_then_the_later_epoch():
+    """A run that learned its training set scores 1 of 3 validation videos at
+    every epoch: epoch 1 (scores ~1/3 for every class) must not stay best.pth
+    only because it came first."""
+    untrained = _epoch(1, 1 / 3, 1.0986)
+    assert better_epoch(untrained, None)
+    assert better_epoch(_epoch(5, 1 / 3, 0.9), untrained)  # same accuracy, lower loss
+    assert not better_epoch(_epoch(5, 1 / 3, 1.5), untrained)  # same accuracy, higher loss
+    assert better_epoch(_epoch(5, 1 / 3, 1.0986), untrained)  # all equal: the later epoch
+    assert better_epoch(_epoch(5, 2 / 3, 9.0), untrained)  # accuracy first
+    assert not better_epoch(_epoch(5, 0.0, 0.1), untrained)
+    assert not better_epoch(_epoch(5, 1 / 3, float('nan')), untrained)  # nan: the highest loss
+    assert better_epoch(_epoch(5, 1 / 3, 2.0), {'epoch': 1, 'val_video_acc': 1 / 3})  # best.json before val_loss
+
+
+def test_best_json_keeps_the_loss_for_a_resumed_run(tmp_path):
+    tracker = BestTracker(tmp_path)
+    assert tracker.improves(1, 0.5, 1.2)
+    torch.save({}, tmp_path / 'best.pth')
+    tracker.saved(1, 0.5, float('nan'))
+    assert json.loads((tmp_path / 'best.json').read_text()) == _epoch(1, 0.5, None)
+    tracker.saved(2, 0.5, 0.8)
+    resumed = BestTracker(tmp_path)
+    assert not resumed.improves(3, 0.5, 0.9) and resumed.improves(3, 0.5, 0.7)
+
+
 @pytest.mark.slow
 def test_keep_last_and_best_in_a_run(tiny_synthetic, tmp_path):
     result = tmp_path / 'r'
     main.main(tiny_args(*tiny_synthetic, result, '--n_epochs', '4', '--checkpoint', '1',
                         '--keep_last', '2', '--learning_rate', '0.05'))
     assert sorted(p.name for p in result.glob('save_*.pth')) == ['save_3.pth', 'save_4.pth']
-    accs = [float(r['acc']) for r in read_tsv(result / 'val.log')]
+    rows = read_tsv(result / 'val.log')
+    accs = [float(r['acc']) for r in rows]
     assert len(set(accs)) > 1  # the choice means something
-    best_epoch = accs.index(max(accs)) + 1  # the first epoch with the highest accuracy
+    # the highest accuracy; a tie, the lower loss (the log's 6 digits tell them apart here)
+    best_epoch = max(range(1, 5), key=lambda e: (accs[e - 1], -float(rows[e - 1]['loss']), e))
     best = json.loads((result / 'best.json').read_text())
     assert best['epoch'] == best_epoch and abs(best['val_video_acc'] - max(accs)) < 1e-6  # log: 6 digits
     assert load_checkpoint(result / 'best.pth')['epoch'] == best_epoch

@@ -16,7 +16,8 @@ URL is one of
                    ends it
   -                standard output, a pipe into the consumer (... - | consumer)
 
-Only the first video stream is sent; audio and the rest are dropped. A codec that
+Only the video stream the loaders read is sent (FFmpeg's pick, never a cover
+picture: datasets/video_stream.py); audio and the rest are dropped. A codec that
 MPEG-TS carries (h264, hevc, mpeg1video, mpeg2video, mpeg4) is copied packet for
 packet, so that the consumer decodes exactly the frames the file's own decoder gives
 (what a comparison of live and offline classifications needs); any other (VP8/9,
@@ -46,6 +47,7 @@ from fractions import Fraction
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from datasets.video_stream import only_pictures, video_stream
 from utils.cli import Parser
 from utils.errors import DataError
 from utils.urls import redact_url
@@ -127,14 +129,16 @@ class Source:
 
 
 def probe(path):
-    """The file's first video stream as a Source; DataError when it cannot be played."""
+    """The file's video stream (FFmpeg's pick, as the loader's) as a Source; DataError
+    when it cannot be played."""
     if not path.is_file():
         raise DataError(f'{path}: no such file' if not path.exists() else f'{path} is not a file')
     try:
         with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise DataError(f'{path} has no video stream')
-            stream = container.streams.video[0]
+            stream = video_stream(container)
+            if stream is None:
+                raise DataError(f'{path} has no video stream' +
+                                (', only a still picture (a cover)' if only_pictures(container) else ''))
             codec = stream.codec_context.codec.canonical_name
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate or 25
             if stream.duration:
@@ -279,7 +283,7 @@ def copy_pass(source, muxer, out_stream, clock):
     """Write one pass over the file's packets, retimed, each at its time."""
     frame_ticks = round(clock.scale * TICKS / source.fps)
     with av.open(str(source.path)) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         time_base = stream.time_base
         headers = None
         if source.codec in HEADERS_IN_BAND and stream.codec_context.extradata:
@@ -325,7 +329,7 @@ def encode_pass(source, muxer, out_stream, clock):
     frame_ticks = round(clock.scale * TICKS / source.fps)
     last = None
     with av.open(str(source.path)) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         for i, frame in enumerate(container.decode(stream)):
             seconds = frame.time if frame.pts is not None else i / source.fps
             pts = clock.ticks(seconds)
@@ -384,7 +388,7 @@ def main(args):
     muxer = client = None
     try:
         with av.open(str(source.path)) as container:  # the template of a stream copy
-            template = container.streams.video[0]
+            template = video_stream(container)
             muxer, client = open_output(args.url, kind)
             out_stream = add_output_stream(muxer, source, template, args)
         play(source, muxer, out_stream, args)

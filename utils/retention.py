@@ -6,6 +6,7 @@ save_<epoch>_<batch>.pth inside epoch <epoch>, after <batch> of its batches
 hidden temporary file until it is complete, so it is never a candidate here.
 """
 import json
+import math
 import re
 from pathlib import Path
 
@@ -45,27 +46,52 @@ def prune_checkpoints(result_path, keep_last):
     return old
 
 
+def better_epoch(candidate, best):
+    """Whether the epoch record `candidate` replaces `best` (None: none yet) as
+    best.pth; records are {'epoch', 'val_video_acc', 'val_loss'}. The higher
+    validation video accuracy wins; a tie (frequent on a few videos), the
+    lower validation loss (missing or nan: the highest); then the later epoch."""
+    if best is None:
+        return True
+    if candidate['val_video_acc'] != best['val_video_acc']:
+        return candidate['val_video_acc'] > best['val_video_acc']
+    new, old = _loss_of(candidate), _loss_of(best)
+    if new != old:
+        return new < old
+    return candidate['epoch'] > best['epoch']
+
+
+def _loss_of(record):
+    loss = record.get('val_loss')
+    return loss if isinstance(loss, (int, float)) and math.isfinite(loss) else math.inf
+
+
 class BestTracker:
-    """best.pth: the checkpoint of the epoch with the highest validation video
-    accuracy so far (ties keep the earlier epoch); best.json records it, and
-    lets a resumed run continue the comparison."""
+    """best.pth: the checkpoint of the best epoch so far by better_epoch;
+    best.json records it, and lets a resumed run continue the comparison."""
 
     def __init__(self, result_path):
         self.record = Path(result_path) / 'best.json'
         self.path = Path(result_path) / BEST
         self.best = None
         if self.record.is_file() and self.path.is_file():
-            self.best = json.loads(self.record.read_text())['val_video_acc']
+            self.best = json.loads(self.record.read_text())
 
-    def improves(self, video_acc):
-        return self.best is None or video_acc > self.best
+    def improves(self, epoch, video_acc, val_loss=None):
+        return better_epoch(_epoch_record(epoch, video_acc, val_loss), self.best)
 
-    def saved(self, epoch, video_acc):
+    def saved(self, epoch, video_acc, val_loss=None):
         """Call after best.pth was written for `epoch`."""
-        self.best = video_acc
+        self.best = _epoch_record(epoch, video_acc, val_loss)
         tmp = self.record.with_suffix('.json.tmp')
-        tmp.write_text(json.dumps({'epoch': epoch, 'val_video_acc': video_acc}))
+        tmp.write_text(json.dumps(self.best))
         tmp.replace(self.record)
+
+
+def _epoch_record(epoch, video_acc, val_loss):
+    # nan is not JSON: stored as null, compared as the highest loss
+    loss = val_loss if val_loss is not None and math.isfinite(val_loss) else None
+    return {'epoch': epoch, 'val_video_acc': video_acc, 'val_loss': loss}
 
 
 def drop_best_after(result_path, last_epoch):
