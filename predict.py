@@ -186,6 +186,7 @@ from model import classifier_name
 from opts import option_defaults
 from utils.device_batches import DeviceLoader, ToDevice
 from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
+from utils.progress import on_terminal
 from utils.threads import set_threads
 
 
@@ -449,7 +450,7 @@ def classify(dataset, model, device, args, failures, keep_views=False, feature_m
                         pin_memory=device.type == 'cuda')
     scores = ViewScores(keep_views=keep_views)
     ids = [r.video_id for r in dataset.records]
-    batches = _good_batches(loader, ids, failures, not args.no_progress)
+    batches = _good_batches(loader, ids, failures, not args.no_progress and on_terminal())
     to_device = ToDevice(device, dataset.spatial_transform.device_normalizer)
     for batch in score_views(DeviceLoader(batches, to_device), model, amp=args.half, amp_dtype='fp16',
                              feature_module=feature_module):
@@ -658,7 +659,7 @@ def run(args, failures):
         if not isinstance(model, torch.nn.Module):
             raise OptionError('--extract_features needs the checkpoint, not an exported file')
         head = model.get_submodule(classifier_name(options.model))
-    records = measure_videos(videos, failures, not args.no_progress)
+    records = measure_videos(videos, failures, not args.no_progress and on_terminal())
     windows = bool(args.timeline or args.output_video)
     out = Outcome({}, {}, {}, {} if head is not None else None)
     if records:
