@@ -183,10 +183,14 @@ def write_features(path, video_ids, features, n_views):
         f.create_dataset('n_views', data=np.asarray(n_views, dtype=np.int64))
 
 
+PRINTED_REPORT_CLASSES = 30
+
+
 def report_inference(result_file, annotation_path, subset):
     """The evaluation of a result file on the annotation's `subset`
     ('validation', ...): top-1/top-5 (top-k up to the labels the file ranks,
-    with a note) and mean class accuracy printed; the per-class report and the
+    with a note) and mean class accuracy printed, and the per-class report up to
+    PRINTED_REPORT_CLASSES classes; the per-class report and the
     confusion picture written next to the result file (<stem>_report.txt,
     <stem>_confusion.png)."""
     evaluation = evaluate_file(annotation_path, result_file, subset, ks=(1, 5))
@@ -196,9 +200,11 @@ def report_inference(result_file, annotation_path, subset):
         name = name.replace(' accuracy', ' video accuracy') if name.startswith('top-') else name
         print(f'inference {name} on {subset}: {value}')
     stem = result_file.with_suffix('')
+    report = format_report(evaluation.report, evaluation.class_names)
     stem.with_name(f'{stem.name}_report.txt').write_text(
-        '\n'.join(evaluation.summary_lines()) + '\n\n' +
-        format_report(evaluation.report, evaluation.class_names) + '\n')
+        '\n'.join(evaluation.summary_lines()) + '\n\n' + report + '\n')
+    if len(evaluation.class_names) <= PRINTED_REPORT_CLASSES:  # Kinetics' 400 rows stay in the file
+        print(report)
     save_confusion_png(evaluation.confusion, evaluation.class_names,
                        stem.with_name(f'{stem.name}_confusion.png'))
     print(f'per-class report and confusion matrix: {stem}_report.txt, {stem}_confusion.png',

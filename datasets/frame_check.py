@@ -108,8 +108,9 @@ def _check_decode(path: str, ranges, loader) -> str | None:
 
 
 # In the cache key: bump it when a check finds more than it did (2: video files under
-# 'all' are checked for a cut as the loader checks them), so older passes are not trusted.
-CHECK_VERSION = 2
+# 'all' are checked for a cut as the loader checks them; 3: so are those in local shards,
+# and a live writer's Matroska/WebM), so older passes are not trusted.
+CHECK_VERSION = 3
 
 
 def cache_key(items, mode: str, file_type: str, input_type: str) -> str:
@@ -179,14 +180,14 @@ def count_short_videos(records, sample_duration: int, t_stride: int = 1) -> int:
     return sum(1 for r in records if r.n_frames < span)
 
 
-def _check_video_file(path: str, needed: int, mode: str) -> str | None:
+def _check_video_file(path: str, needed: int, mode: str, store=None) -> str | None:
     """'last': opens the container.  'all': what the loader finds too
     (datasets.video.check_video_frames: the file's own index or one demux pass): a
     file cut short before ``needed`` frames.  The frame count of a whole file is not compared with the segment:
     counts differ between tools (an annotation built from ffmpeg-extracted frames
     may list a frame more) and the loader loop-pads past the real end."""
     if mode == 'all':
-        return check_video_frames(path, needed)
+        return check_video_frames(path, needed, store)
     try:
         container_frames(path)
     except DataError as e:
@@ -195,9 +196,9 @@ def _check_video_file(path: str, needed: int, mode: str) -> str | None:
 
 
 def _check_one(item) -> str | None:
-    path, needed, file_type, mode = item
+    path, needed, file_type, mode, *store = item
     if file_type == 'video':
-        return _check_video_file(path, needed, mode)
+        return _check_video_file(path, needed, mode, *store)
     if file_type == 'jpg':
         last = os.path.join(path, frame_file_name(needed - 1))
         try:
@@ -261,13 +262,19 @@ def _shard_check_cache(records, index, mode, file_type, input_type, cache_dir, n
 
 def _shard_problems(records, store, file_type, mode, input_type, n_threads, n_sample):
     """check_videos on make_shards' output: each video looked up in the index (its
-    frame count there; no payload is read), and with 'decode' every needed frame
-    read and decoded through the store."""
+    frame count there), with 'all' a video file in a local shard checked for a cut as
+    the loader checks it (its member read as the file is: an open, at most a demux
+    pass; over a URL that would fetch every payload, so there a cut is found when a
+    clip reads it), and with 'decode' every needed frame read and decoded through
+    the store."""
     paths, needed = _needed_ends(records)
     if n_sample is not None and n_sample < len(paths):
         pick = sorted(random.Random(0).sample(range(len(paths)), n_sample))
         paths, needed = paths[pick], needed[pick]
     problems = _member_problems(paths, needed, file_type, store.index())
+    if mode == 'all' and file_type == 'video' and not store.remote and not problems:
+        problems = _problems(_check_one, [(str(p), int(n), file_type, mode, store) for p, n in zip(paths, needed)],
+                             n_threads)
     if mode == 'decode' and not problems:
         loader = make_loader(file_type, input_type, store=store)
         ranges = needed_ranges(records)

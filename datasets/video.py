@@ -64,12 +64,18 @@ def _open(path: str, store=None):
     except FileNotFoundError:
         raise DataError(f'video file {path} not found: check --video_path') from None
     except (av.FFmpegError, OSError, UnicodeDecodeError) as e:
-        if ends.mp4_index_cut(path):
-            raise DataError(f'video file {path} is cut short (a truncated download?): its index '
-                            f'(the moov box, written last) is missing, no frame can be read: '
-                            f'{_REENCODE}') from None
-        raise DataError(f'video file {path} cannot be opened ({e}): {_REENCODE}') from None
+        raise _open_error(path, path, e, '') from None
     return _with_video(container, path)
+
+
+def _open_error(name: str, source, error, then: str) -> DataError:
+    """Why the video ``name`` (bytes: ``source``, what it was opened from) cannot be
+    opened: an MP4 without its index is cut short (container_ends.mp4_index_cut)."""
+    if ends.mp4_index_cut(source):
+        return DataError(f'video file {name} is cut short (a truncated download?): its index '
+                         f'(the moov box, written last) is missing, no frame can be read: '
+                         f'{_REENCODE}{then}')
+    return DataError(f'video file {name} cannot be opened ({error}): {_REENCODE}{then}')
 
 
 def _open_member(av, rel: str, store):
@@ -77,9 +83,16 @@ def _open_member(av, rel: str, store):
     try:
         container = av.open(payload)
     except (av.FFmpegError, OSError, UnicodeDecodeError) as e:
-        raise DataError(f'video {store.where(rel)} cannot be opened ({e}): {_REENCODE}, then '
-                        f'util_scripts.make_shards again') from None
+        error = _open_error(store.where(rel), payload, e, ', then util_scripts.make_shards again')
+        payload.close()
+        raise error from None
     return _with_video(container, store.where(rel))
+
+
+def _source(container):
+    """What a container reads (for container_ends): the file object it was opened
+    from (a shard member, a cached payload), else its path."""
+    return container.file.file if container.file is not None else container.name
 
 
 def _with_video(container, name: str):
@@ -313,7 +326,10 @@ class FrameIndex:
     before its own structure says (a cut download, _looks_cut); its frames are kept
     only up to the last keyframe that is whole, and the positions past ``n_frames``
     are reported as missing instead of loop-padded.  ``expected``: the frame count
-    of the file's sample table (MP4/MOV), if any.
+    of the file's sample table (MP4/MOV), if any.  ``open_end``: whether the file was
+    cut cannot be told (a live writer's Matroska/WebM that states no size or duration
+    and ends between two elements): every frame is kept, and positions past
+    ``n_frames`` are reported instead of loop-padded (the end may be a cut's).
     ``key_pts``: the keyframes' own timestamps (sorted, as ``key_pos``)."""
     pts: np.ndarray | None
     key_pos: np.ndarray
@@ -322,6 +338,7 @@ class FrameIndex:
     n_frames: int
     truncated: bool = False
     expected: int | None = None
+    open_end: bool = False
     # for lookups without numpy calls per frame: the keyframes as lists, and
     # (first pts, step) when the timestamps lie on a grid (a constant frame rate)
     _keys: list = field(init=False, repr=False, compare=False)
@@ -413,35 +430,48 @@ def _header_duration(container) -> float | None:
     return None
 
 
-def _looks_cut(container, stream, scan: _Scan, sorted_pts: np.ndarray | None) -> bool:
+def _looks_cut(container, stream, scan: _Scan, sorted_pts: np.ndarray | None) -> bool | None:
     """Whether the file's data ends before its own structure says its video does,
     decided by what is there (a variable frame rate's gaps and a last frame shown long
-    change no count): AVI, fewer chunk slots than the header counts (the empty chunks
-    FFmpeg writes for dropped frames included); MP4/MOV, fewer packets than the sample
-    table lists; Matroska/WebM, a file ending inside a Cluster (container_ends.matroska_cut); ASF, a
-    file shorter than its Data Object; FLV, shorter than its metadata's file size
-    (without one: a shorter duration than the header's); Ogg, no whole last page."""
+    change no count), read from what the container reads (a path, a shard member):
+    AVI, fewer chunk slots than the header counts (the empty chunks FFmpeg writes for
+    dropped frames included); MP4/MOV, fewer packets than the sample table lists;
+    Matroska/WebM, a file ending inside a Cluster (container_ends.matroska_cut; None
+    when a live writer's file, stating no size, ends between two of its elements and
+    its Info states no duration: whether it was cut cannot be told); ASF, a file
+    shorter than its Data Object; FLV, shorter than its metadata's file size (without
+    one: a shorter duration than the header's); Ogg, no whole last page."""
     formats = set(container.format.name.split(','))
+    source = _source(container)
     if 'avi' in formats:
         return stream.frames > 0 and scan.slots < stream.frames
     if formats & {'matroska', 'webm'}:
-        return ends.matroska_cut(container.name)
+        cut = ends.matroska_cut(source)
+        if cut is not None:
+            return cut
+        duration = ends.matroska_duration(source)
+        return None if duration is None else _short_of(duration, stream, sorted_pts)
     if stream.frames > 0:
         return len(scan.pts) + scan.empty < stream.frames
     if 'ogg' in formats:
-        return ends.ogg_unfinished(container.name)
+        return ends.ogg_unfinished(source)
     if formats & {'asf', 'flv'}:
-        head, file_size = ends.read_head(container.name)
+        head, file_size = ends.read_head(source)
         stated = ends.asf_data_end(head) if 'asf' in formats else ends.flv_file_size(head)
         if stated is not None:
             return file_size < stated
     duration = _header_duration(container)
-    if duration is None or sorted_pts is None or len(sorted_pts) < 2 or stream.time_base is None:
+    return duration is not None and _short_of(duration, stream, sorted_pts)
+
+
+def _short_of(duration: float, stream, sorted_pts: np.ndarray | None) -> bool:
+    """Whether the video's frames end well before the ``duration`` its header states."""
+    if sorted_pts is None or len(sorted_pts) < 2 or stream.time_base is None:
         return False
     tb = float(stream.time_base)
     step = float(np.median(np.diff(sorted_pts))) * tb
     end = float(sorted_pts[-1]) * tb + step - (float(stream.start_time or 0) * tb)
-    # audio may outlast the video a little in a FLV/ASF header's duration
+    # audio may outlast the video a little in a header's duration
     return end < duration - 1.5 * step - 0.02 * duration
 
 
@@ -449,10 +479,12 @@ def _whole_by_its_index(container, stream) -> bool:
     """Whether the file's own index shows, without a demux pass, that the scan would
     find it whole (the common case, at the cost of an open): MP4/MOV, every sample of
     the table ends within the file; AVI, every idx1 entry does and they reach the
-    header's chunk count; Matroska/WebM, not container_ends.matroska_cut.  False: only the scan tells."""
+    header's chunk count; Matroska/WebM, container_ends.matroska_cut says not cut.
+    False: only the scan tells.  The file is what the container reads (a path, a
+    shard member)."""
     formats = set(container.format.name.split(','))
     if formats & {'matroska', 'webm'}:
-        return not ends.matroska_cut(container.name)
+        return ends.matroska_cut(_source(container)) is False
     table = bool(formats & set(EXACT_COUNT_FORMATS))
     if not (table or 'avi' in formats) or stream.frames <= 0:
         return False
@@ -461,10 +493,7 @@ def _whole_by_its_index(container, stream) -> bool:
     for entry in entries:
         end = max(end, entry.pos + entry.size)
         slots = max(slots, entry.timestamp + 1)
-    try:
-        inside = 0 < end <= os.path.getsize(container.name)
-    except OSError:
-        return False
+    inside = 0 < end <= (ends.source_size(_source(container)) or 0)
     return inside and (len(entries) == stream.frames if table else slots >= stream.frames)
 
 
@@ -474,7 +503,8 @@ def scan_frame_index(container, stream) -> FrameIndex:
     pts, dts, keys, shown = scan.pts, scan.dts, scan.keys, scan.shown
     timed = None not in pts and len(set(pts)) == len(pts)
     shown_pts = np.sort(np.asarray(pts, np.int64)[np.asarray(shown, bool)]) if timed else None
-    truncated = scan.broken or _looks_cut(container, stream, scan, shown_pts)
+    cut = True if scan.broken else _looks_cut(container, stream, scan, shown_pts)
+    truncated, open_end = cut is True, cut is None
     if truncated:
         # Whole GOPs only: frames before the last keyframe (in decode order) are all
         # there; of the last GOP some may be missing, and which cannot be told.
@@ -486,13 +516,14 @@ def scan_frame_index(container, stream) -> FrameIndex:
     expected = int(stream.frames) if stream.frames > 0 and exact else None
     if not timed:
         none = np.zeros(0, np.int64)
-        return FrameIndex(None, none.astype(np.int32), none, none, sum(shown), truncated, expected)
+        return FrameIndex(None, none.astype(np.int32), none, none, sum(shown), truncated, expected,
+                          open_end)
     return _timed_index(pts, dts, keys, shown, container.format.name == 'avi', truncated,
-                        expected)
+                        expected, open_end)
 
 
 def _timed_index(pts, dts, keys, shown, by_dts: bool, truncated: bool,
-                 expected: int | None) -> FrameIndex:
+                 expected: int | None, open_end: bool = False) -> FrameIndex:
     """Positions are the ranks of the shown packets' timestamps; packets an edit list
     discards (an MP4 cut by stream copy) are decoded but not shown, so they have none.
     A keyframe's position is that of the first shown frame at or after it."""
@@ -503,7 +534,7 @@ def _timed_index(pts, dts, keys, shown, by_dts: bool, truncated: bool,
     seek = [dts[i] if by_dts and dts[i] is not None else pts[i] for i in key_at]
     return FrameIndex(frame_pts, np.searchsorted(frame_pts, pts_array[key_at]).astype(np.int32),
                       pts_array[key_at], np.asarray(seek, np.int64).reshape(-1), len(frame_pts),
-                      truncated, expected)
+                      truncated, expected, open_end)
 
 
 def container_frames(path) -> int | None:
@@ -678,19 +709,25 @@ def _missing_error(path: str, index: FrameIndex, missing: list[int]) -> DataErro
         return DataError(f'video file {path} is cut short (a truncated download?): it holds '
                          f'{index.n_frames} whole frames{total}; frames {shown} (0-based) '
                          f'are missing: {_REENCODE}')
+    if index.open_end:
+        return DataError(f'video file {path} may be cut short: it states no length (a live '
+                         f'recording\'s Matroska/WebM) and ends after {index.n_frames} frames; frames '
+                         f'{shown} (0-based) are past that end and are not loop-padded: remux or '
+                         f're-encode the video (its length is then stated), or annotate only '
+                         f'{index.n_frames} frames')
     return DataError(f'video file {path}: frames {shown} (0-based) of {index.n_frames} could '
                      f'not be decoded: {_REENCODE}')
 
 
 def _index_error(path: str, index: FrameIndex, positions) -> DataError | None:
     """The error reading ``positions`` raises before any decoding (a video without
-    frames; positions past the end of one cut short, which are not loop-padded), None
-    if none."""
+    frames; positions past the end of one cut short, or of one whose end cannot be told
+    from a cut, which are not loop-padded), None if none."""
     if index.n_frames == 0:
-        if index.truncated:
+        if index.truncated or index.open_end:
             return _missing_error(path, index, sorted(set(positions)))
         return DataError(f'video file {path} has no frames: {_REENCODE}')
-    if index.truncated:
+    if index.truncated or index.open_end:
         past = sorted({p for p in positions if p >= index.n_frames})
         if past:
             return _missing_error(path, index, past)

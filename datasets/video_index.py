@@ -206,10 +206,12 @@ def load_record_table(annotation_path, subset: str, video_path, dataset: str,
 # keeps it, so that a clip costs open + seek + at most one GOP of decoding whatever
 # the video's length.
 
-FRAMES_VERSION = 2  # 2: cut-short files told by what is there (issue 24): older tables rebuilt
+# 2: cut-short files told by what is there (issue 24); 3: a live writer's Matroska/WebM and
+# shard members judged by their bytes (issue 37): older tables rebuilt
+FRAMES_VERSION = 3
 FLUSH_EVERY = 4096  # new indexes a process keeps before writing them out
 COMPACT_ABOVE = 4  # segment files merged into one when a run starts
-_UNTIMED, _TRUNCATED = 1, 2  # flags
+_UNTIMED, _TRUNCATED, _OPEN_END = 1, 2, 4  # flags
 _ROWS = {'hash': np.uint64, 'size': np.int64, 'mtime': np.int64, 'n_frames': np.int32,
          'expected': np.int32, 'flags': np.uint8, 'pts0': np.int64, 'step': np.int64,
          'pts_off': np.int64, 'key_off': np.int64}
@@ -258,7 +260,8 @@ def _read_segment(path: Path) -> dict[str, np.ndarray] | None:
 def _row_values(index) -> tuple[dict, np.ndarray]:
     """(scalar fields, presentation timestamps to store: none when they are regular,
     pts0 + step * position)."""
-    flags = (_UNTIMED if index.pts is None else 0) | (_TRUNCATED if index.truncated else 0)
+    flags = (_UNTIMED if index.pts is None else 0) | (_TRUNCATED if index.truncated else 0) | \
+        (_OPEN_END if index.open_end else 0)
     row = dict(n_frames=index.n_frames, expected=-1 if index.expected is None else index.expected,
                flags=flags, pts0=0, step=1)
     pts = index.pts if index.pts is not None else np.zeros(0, np.int64)
@@ -342,7 +345,7 @@ def _unpack(seg: dict[str, np.ndarray], i: int):
     expected = int(seg['expected'][i])
     return FrameIndex(pts, np.array(seg['key_pos'][k0:k1]), np.array(seg['key_pts'][k0:k1]),
                       np.array(seg['key_seek'][k0:k1]), n, bool(flags & _TRUNCATED),
-                      None if expected < 0 else expected)
+                      None if expected < 0 else expected, bool(flags & _OPEN_END))
 
 
 class FrameTable:
