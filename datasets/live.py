@@ -12,7 +12,10 @@ ring, so the lag never grows.
 A network source that drops (end of data, an error, no data for ``timeout``
 seconds) is reopened with backoff up to ``reconnect`` times; windows never
 span the gap. Local files and http(s) files (not live themselves) are paced to
-their timestamps, so they play as a live source would.
+their timestamps, so they play as a live source would; an http(s) file that
+drops goes on after the last frame read. Nor do windows span a change of frame
+size; timestamps that do not advance are replaced by frames counted at the
+stream's rate.
 """
 from __future__ import annotations
 
@@ -28,7 +31,6 @@ import numpy as np
 
 from datasets.spatial_transforms import DCT_FACTORS
 from datasets.video import frame_array, new_scaler, upright_size
-from datasets.video_stream import only_pictures, video_stream
 from utils.errors import DataError
 from utils.urls import redact_url
 
@@ -116,23 +118,21 @@ def open_source(source: str, timeout: float = 10.0):
                             f'{redact_url(str(e))}') from None
         if interrupted:
             container.close()
-    if video_stream(container) is None:  # FFmpeg's pick, never a cover picture
-        pictures = only_pictures(container)
+    if not container.streams.video:
         container.close()
-        raise DataError(f'stream {source_name(source)} has no video stream' +
-                        (', only a still picture (a cover)' if pictures else ''))
+        raise DataError(f'stream {source_name(source)} has no video stream')
     return container
 
 
 def _frame_rate(container) -> float | None:
-    stream = video_stream(container)
+    stream = container.streams.video[0]
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     return float(rate) if rate else None
 
 
 def _frame_size(container) -> tuple[int, int]:
     """(height, width) of the source's frames as its header says."""
-    stream = video_stream(container)
+    stream = container.streams.video[0]
     return stream.height, stream.width
 
 
@@ -229,6 +229,10 @@ class LiveFrames:
         self.error = None
         self._t_offset = 0.0  # stream time of a connection's first frame in the session
         self._read_error = False
+        self._counting_noted = False
+        # a file over http(s), not HLS: one that drops goes on where it was, not from its start
+        self._a_file = _scheme(source) in ('http', 'https') and 'hls' not in self.container.format.name
+        self._reached = self._resume = None  # (seconds, index) of the last frame read
         self._thread = threading.Thread(target=self._run, name='live_reader', daemon=True)
 
     def notes(self, text):
@@ -286,12 +290,50 @@ class LiveFrames:
     def _frames(self):
         """(frame, stream seconds since this connection's first frame) as decoded;
         a drop (an FFmpeg or socket error) ends them like the end of the data."""
-        stream = video_stream(self.container)
+        stream = self.container.streams.video[0]
         stream.thread_type = 'SLICE'  # frame threads would hold frames back (latency)
-        first, self._read_error = None, False
-        for frame in self._decoded(stream):
-            first = _seconds(frame) if first is None else first
-            yield frame, _seconds(frame) - first
+        resume, self._resume = self._resume, None
+        first = previous = None  # stream seconds of the connection's first and last frames
+        t, counting, self._read_error = 0.0, False, False
+        for index, frame in self._decoded_from(stream, resume):
+            seconds = _seconds(frame)
+            if first is None:
+                first = seconds
+            elif counting or seconds <= previous:  # stamped alike (0) by some encoders
+                counting = counting or self._count_frames()
+                t += 1.0 / (self.frame_rate or 25.0)
+            else:
+                t = seconds - first
+            previous = seconds
+            self._reached = (None if counting else frame.time, index)
+            yield frame, t
+
+    def _decoded_from(self, stream, position):
+        """(index in the file or None, frame) as decoded; a file reopened after a drop
+        goes on after ``position`` (its last frame's seconds, or None where they do
+        not advance; its index) instead of playing again from its start."""
+        import av
+        seconds, reached = position or (None, None)
+        if seconds is not None:  # near it at once where the file seeks (byte ranges), else read through
+            with contextlib.suppress(av.FFmpegError, OSError):
+                self.container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
+        by_time = seconds is not None
+        for index, frame in enumerate(self._decoded(stream)):
+            if by_time:
+                if seconds is not None and frame.time is not None and frame.time <= seconds:
+                    continue
+                seconds = None  # found: every frame from here on
+                yield None, frame  # its index unknown after a seek
+            elif reached is None or index > reached:
+                yield index, frame
+
+    def _count_frames(self) -> bool:
+        """Says once a session that stream time counts frames from here on."""
+        if not self._counting_noted:
+            self._counting_noted = True
+            self.notes(f'stream {source_name(self.source)}: its timestamps do not advance: the stream '
+                       f'time counts frames at {self.frame_rate or 25.0:g} fps')
+        return True
 
     def _decoded(self, stream):
         import av
@@ -322,7 +364,15 @@ class LiveFrames:
                 elif delay < -1.0:  # fell behind (a slow source): pace from here on
                     pace_from -= delay
             last = (time.monotonic(), self._t_offset + t)
-            ring.append(self.convert(frame))
+            size = self.convert.size
+            array = self.convert(frame)
+            if size is not None and self.convert.size != size:  # a window's frames share one size and crop plan
+                self.notes(f'stream {source_name(self.source)}: the frame size changed from '
+                           f'{size[1]}x{size[0]} to {self.convert.size[1]}x{self.convert.size[0]} at '
+                           f'{last[1]:.3f} s: windows start again at the new size')
+                ring.clear()
+                start = self.frames_read
+            ring.append(array)
             self.frames_read += 1
             n = self.frames_read - start
             if n >= self.span and (n - self.span) % self.stride == 0:
@@ -350,6 +400,8 @@ class LiveFrames:
             gap = time.monotonic() - lost_at
             self.gaps.append(gap)
             self._t_offset = (last[1] if last is not None else self._t_offset) + gap
-            self.notes(f'stream {source_name(self.source)} reconnected after a gap of {gap:.1f} s')
+            self._resume = self._reached if self._a_file else None
+            self.notes(f'stream {source_name(self.source)} reconnected after a gap of {gap:.1f} s'
+                       + ('; the file goes on where it dropped' if self._resume is not None else ''))
             return attempt
         return None

@@ -337,6 +337,95 @@ def test_a_second_ctrl_c_while_the_reader_ends_still_gives_the_summary(checkpoin
     assert status == 0 and 'stopped (Ctrl-C)\nstopped again (Ctrl-C)' in err.text and 'summary: ' in err.text
 
 
+def write_ts(path, images, first=0, zero_pts=False, container='mpegts'):
+    """H.264 frames (no B-frames, a keyframe every 5) in MPEG-TS (or another
+    ``container``), their timestamps counting frames from ``first`` at 25 fps
+    (``zero_pts``: every packet stamped 0, as some encoders send them)."""
+    import av
+    height, width = images[0].shape[:2]
+    with av.open(str(path), 'w', format=container) as out:
+        stream = out.add_stream('libx264', rate=FPS)
+        stream.width, stream.height, stream.pix_fmt = width, height, 'yuv420p'
+        stream.codec_context.gop_size = 5
+        stream.options = {'bf': '0', 'crf': '10'}
+        for i, image in enumerate([*images, None]):
+            frame = None
+            if image is not None:
+                frame = av.VideoFrame.from_ndarray(image, format='rgb24')
+                frame.pts = first + i
+            for packet in stream.encode(frame):
+                if zero_pts:
+                    packet.pts = packet.dts = 0
+                out.mux(packet)
+    return path
+
+
+@pytest.fixture(scope='module')
+def resized_stream(tmp_path_factory):
+    """An MPEG-TS stream whose frames 20-39 are 160x120 instead of 128x96 (two
+    streams' bytes one after the other, the second's timestamps going on), as
+    when HLS switches bitrate: (path, frame where the size changes)."""
+    from tests.video_files import frame_image
+    folder = tmp_path_factory.mktemp('resized')
+    halves = [write_ts(folder / 'small.ts', [frame_image(i, 128, 96) for i in range(20)]),
+              write_ts(folder / 'large.ts', [frame_image(i, 160, 120) for i in range(20, 40)], first=20)]
+    path = folder / 'resized.ts'
+    path.write_bytes(b''.join(half.read_bytes() for half in halves))
+    return path, 20
+
+
+def test_a_window_never_mixes_two_frame_sizes(resized_stream, lockstep):
+    """The ring starts again where the size changes: each window's frames share
+    one size (and the crop plan made for it), and are the span of frames that
+    follow its first. Before, the windows over the change held frames of both."""
+    from tests.video_files import frame_level
+    path, change = resized_stream
+    noted = []
+    frames = LiveFrames(str(path), eval_spatial(), span=8, stride=3, notes=noted.append).start()
+    windows = []
+    while (window := frames.next_window()) is not None:
+        windows.append(window)
+    assert frames.ending == 'end' and frames.frames_read == 40
+    firsts = [w.first_frame for w in windows]
+    assert firsts == [0, 3, 6, 9, 12, 20, 23, 26, 29, 32]  # none spans frame 20
+    for window in windows:
+        assert len({f.shape for f in window.frames}) == 1
+        assert [frame_level(f) for f in window.frames] == list(range(window.first_frame, window.first_frame + 8))
+        size = (96, 128) if window.first_frame < change else (120, 160)
+        assert window.frames[0].shape[:2] == tuple(-(-n // window.factor) for n in size)
+    assert [n for n in noted if 'size' in n] == [f'stream {path}: the frame size changed from 128x96 to '
+                                                 f'160x120 at 0.800 s: windows start again at the new size']
+
+
+def test_a_stream_that_changes_resolution_is_classified_to_its_end(checkpoint, resized_stream, tmp_path,
+                                                                    capsys, lockstep):
+    """Before, the first window over the change ended predict.py in a traceback
+    (ValueError: all input arrays must have the same shape), without a summary."""
+    path, _ = resized_stream
+    out = tmp_path / 'resized.jsonl'
+    assert predict.main([str(a) for a in live_args(checkpoint, path, out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count('frame size changed') == 1
+    assert 'summary: the stream ended; 40 frames, 10 windows classified, 0 skipped' in err, err
+    assert [line['first_frame'] for line in stream_lines(out)][-5:] == [20, 23, 26, 29, 32]
+
+
+def test_a_stream_whose_timestamps_do_not_advance_counts_frames(checkpoint, tmp_path, capsys, lockstep):
+    """Every packet stamped 0: the stream time of a window is its frames counted at
+    the stream's rate, said once. Before, every window line said 0.000 s (and the
+    file was not paced)."""
+    from tests.video_files import frame_image
+    path = write_ts(tmp_path / 'zero.mkv', [frame_image(i, 128, 96) for i in range(40)], zero_pts=True,
+                    container='matroska')
+    out = tmp_path / 'zero.jsonl'
+    assert predict.main([str(a) for a in live_args(checkpoint, path, out)]) == 0
+    err = capsys.readouterr().err
+    lines = stream_lines(out)
+    assert [line['time'] for line in lines] == pytest.approx([(line['first_frame'] + 7) / FPS for line in lines])
+    assert err.count('timestamps do not advance') == 1
+    assert f'stream {path}: its timestamps do not advance: the stream time counts frames at 25 fps' in err, err
+
+
 # ----------------------------------------------------------------------------- network sources
 
 @pytest.fixture
@@ -422,6 +511,42 @@ def test_an_http_file_plays_live_to_its_end(checkpoint, clip_file, tmp_path, cap
     check_equal_to_predict(stream_lines(out), checkpoint, clip_file)
     assert 'summary: the stream ended; 40 frames' in capsys.readouterr().err
     assert took > 39 / FPS - 0.1  # played at its frame rate
+
+
+@pytest.mark.slow  # real-time streams
+def test_an_http_file_that_drops_goes_on_where_it_dropped(tmp_path, lockstep):
+    """The server cuts the connection halfway through the body: the file is
+    reopened and goes on after the last frame read, each frame read once. Before,
+    it played again from its start (59 frames of a 40-frame file) while the
+    stream time went on counting."""
+    from functools import partial
+
+    from tests.servers import RangeHandler, _serve
+    from tests.video_files import frame_image, frame_level
+    path = write_ts(tmp_path / 'clip.ts', [frame_image(i, 128, 96) for i in range(40)])
+    served = []
+
+    class CutOnce(RangeHandler):
+        def copyfile(self, source, outputfile):
+            served.append(self.headers.get('Range'))
+            if len(served) > 1:
+                return super().copyfile(source, outputfile)
+            outputfile.write(source.read(path.stat().st_size // 2))
+            outputfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+
+    noted = []
+    with _serve(partial(CutOnce, directory=str(tmp_path))) as url:
+        frames = LiveFrames(f'{url}/{path.name}', eval_spatial(), span=8, stride=4, notes=noted.append).start()
+        windows = []
+        while (window := frames.next_window()) is not None:
+            windows.append(window)
+    assert len(served) >= 2 and frames.ending == 'end' and frames.frames_read == 40, noted
+    assert any(n.endswith('; the file goes on where it dropped') for n in noted), noted
+    for window in windows:  # the session's frame n is the file's frame n
+        assert [frame_level(f) for f in window.frames] == list(range(window.first_frame, window.first_frame + 8))
+    assert len(frames.gaps) == 1
 
 
 @pytest.mark.slow  # real-time streams, producer processes
