@@ -186,3 +186,21 @@ def test_the_result_folder_lock_shows_the_command_without_credentials(monkeypatc
     text = result_folder._owner_text()
     assert 'main.py --video_path https://alice:***@h/x?sig=*** --storage_options <client_kwargs.headers' in text
     assert_no_secret(text, 'the lock')
+
+
+def test_export_says_what_a_checkpoint_does_not_keep():
+    """export --calibration reads the checkpoint's video_path and storage options when not given."""
+    from argparse import Namespace
+
+    from util_scripts.export_clips import video_root
+    from utils.errors import OptionError
+    options = Namespace(video_path='https://alice:***@h/shards', dataset='ucf101', storage_options=None,
+                        file_type='hdf5')
+    with pytest.raises(OptionError, match=r'^c\.pth keeps its run\'s video_path without its credentials '
+                                          r'\(https://alice:\*\*\*@h/shards\): give --video_path$'):
+        video_root(None, options, 'c.pth')
+    options = Namespace(video_path='s3://bucket/shards', dataset='ucf101', storage_options=['endpoint_url'],
+                        file_type='hdf5')
+    with pytest.raises(OptionError, match=r'only their names \(endpoint_url\) .* give --storage_options again '
+                                          r'\(the video_path of c\.pth\)$'):
+        video_root(None, options, 'c.pth')

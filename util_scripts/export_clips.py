@@ -21,6 +21,7 @@ from datasets.storage import ShardStore, open_shards
 from datasets.synthetic import synthetic_paths
 from datasets.videodataset import VideoClipDataset
 from utils.errors import DataError, OptionError
+from utils.urls import redacted
 
 BATCH = 8  # clips per forward pass, calibration and comparison alike
 
@@ -72,6 +73,9 @@ def video_root(video_path, options, checkpoint, storage_options=None):
         raise OptionError(f'{checkpoint} stores no video_path: give --video_path, the folder of '
                           f'the --calibration annotation\'s videos')
     origin = '--video_path' if video_path is not None else f'the video_path of {checkpoint}'
+    if video_path is None and redacted(path):
+        raise OptionError(f'{checkpoint} keeps its run\'s video_path without its credentials ({path}): '
+                          f'give --video_path')
     if storage_options is None and video_path is None and options.dataset != 'synthetic':
         storage_options = getattr(options, 'storage_options', None)
     store = _shards_at(path, origin, storage_options)
