@@ -22,6 +22,10 @@ from utils.errors import OptionError
 if __name__ == '__main__':
     COMMAND_LINE = parse_opts()
 
+from utils.install_check import check_torchvision
+
+check_torchvision()  # before the imports that need it: one line, not a traceback
+
 import numpy as np
 import torch
 

@@ -171,6 +171,10 @@ def check_stream_args(p, args):
 if __name__ == '__main__':
     COMMAND_LINE = parse_args()
 
+from utils.install_check import check_torchvision
+
+check_torchvision()  # before the imports that need it: one line, not a traceback
+
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
