@@ -382,10 +382,28 @@ def test_nccl_without_gpus_is_a_clear_error(monkeypatch):
         du.init_distributed(_opt(dist_backend='nccl'))  # fails before waiting for rank 1
 
 
-def test_torchrun_without_distributed_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv('WORLD_SIZE', '2')
-    with pytest.raises(du.LaunchError, match='add --distributed'):
-        du.init_distributed(_opt(distributed=False))
+def test_torchrun_without_distributed_is_taken_as_distributed(monkeypatch):
+    """torchrun sets the environment: as a user expects, its processes train as one job
+    (the nccl refusal shows the distributed path was taken, before waiting for rank 1)."""
+    for name, value in dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                            MASTER_PORT=str(du.free_port())).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(du.LaunchError, match='--dist_backend nccl needs GPUs'):
+        du.init_distributed(_opt(distributed=False, dist_backend='nccl'))
+
+
+@pytest.mark.parametrize('environ, several', [
+    (dict(RANK='0', WORLD_SIZE='2'), True), (dict(RANK='0', WORLD_SIZE='1'), False),
+    (dict(SLURM_PROCID='1', SLURM_STEP_NUM_TASKS='4'), True),
+    (dict(SLURM_PROCID='0', SLURM_STEP_NUM_TASKS='1'), False),
+    (dict(SLURM_PROCID='0'), False),  # the batch script itself, not a step's task
+    ({}, False)])
+def test_started_as_several(monkeypatch, environ, several):
+    for name in ('RANK', 'WORLD_SIZE', 'SLURM_PROCID', 'SLURM_STEP_NUM_TASKS'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert du.started_as_several(environ) == several
 
 
 @pytest.mark.parametrize('local_world, prefixed', [('2', True), ('1', False)])

@@ -62,6 +62,14 @@ def launched_by_a_launcher():
     return launched_by_torchrun() or launched_by_srun()
 
 
+def started_as_several(environ=os.environ) -> bool:
+    """Started by torchrun or srun as one of several processes: --distributed is
+    implied (each would otherwise train alone into the same --result_path)."""
+    if launched_by_torchrun():
+        return int(environ.get('WORLD_SIZE', 1)) > 1
+    return launched_by_srun(environ) and int(environ.get('SLURM_STEP_NUM_TASKS', 1)) > 1
+
+
 @dataclass(frozen=True)
 class LaunchEnv:
     rank: int
@@ -180,11 +188,8 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
     With no arguments, reads the launcher's environment (torchrun or srun).
     main.py's own spawner passes local_rank, rank and world_size explicitly.
     """
-    if not opt.distributed:
-        if int(os.environ.get('WORLD_SIZE', 1)) > 1:
-            raise LaunchError(f'started as one of {os.environ["WORLD_SIZE"]} processes (torchrun) '
-                              f'without --distributed: each would train alone into the same '
-                              f'--result_path; add --distributed')
+    implied = not opt.distributed and started_as_several(os.environ)
+    if not (opt.distributed or implied):
         return DistContext(device=select_device(opt.no_cuda, 0))
     launch = None
     if rank is None:
@@ -204,6 +209,9 @@ def init_distributed(opt, local_rank=None, rank=None, world_size=None):
     warning = multi_node_store_warning(os.environ, world_size) if launch else None
     if warning and rank == 0:
         print(warning, flush=True)
+    if implied and rank == 0:
+        print(f'started as one of {world_size} processes by a launcher: distributed training '
+              f'(--distributed is implied)', flush=True)
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size,
                        device=device, distributed=True, cpu_group=cpu_group)
 
