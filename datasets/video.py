@@ -128,27 +128,80 @@ def _quarter_turns(frame) -> int:
     return round((rotation or 0) / 90) % 4
 
 
+# Frames are converted as the ffmpeg command line converts them, by libavfilter's
+# scale filter with the flags fftools gives the scalers it inserts (bicubic, also
+# the filter's default).  PyAV's reformatter defaults to bilinear and follows a
+# frame's chroma location and interlacing, which the scale filter does not (its
+# in_chroma_loc and interl=0): it was up to 156 levels from ffmpeg on 10-bit,
+# odd-sized, top-left-sited or interlaced 4:2:0.  It is kept where it is exact.
+_FFMPEG_FLAGS = 'BICUBIC'
+# 8-bit 4:2:0 and 4:2:2 that swscale converts with its table converter at an even
+# height: no chroma filter, so neither flags nor chroma location change a byte.
+_TABLE_CONVERTED = ('yuv420p', 'yuvj420p', 'yuv422p', 'yuvj422p')
+
+
+def _reformat_is_ffmpegs(frame) -> bool:
+    """Whether the reformatter converts ``frame`` at its size to ffmpeg's bytes
+    (tests/test_ffmpeg_conversion.py): progressive, and table-converted or without
+    subsampled chroma.  Measured against a filter graph on H.264 frames, one thread:
+    35 against 38 us a 320x240 frame, 479 against 572 at 1280x720."""
+    fmt = frame.format
+    if frame.interlaced_frame or fmt.has_palette:
+        return False
+    if fmt.name in _TABLE_CONVERTED:
+        return frame.height % 2 == 0
+    return fmt.chroma_width(2) == 2 and fmt.chroma_height(2) == 2
+
+
+def _filter_graph(frame, chain: str, threads: int):
+    """libavfilter's buffer -> ``chain`` -> buffersink for frames like ``frame``, its
+    source told their colour matrix and range as fftools tells it."""
+    import av
+    graph = av.filter.Graph()
+    graph.threads = threads
+    last = graph.add('buffer', video_size=f'{frame.width}x{frame.height}',
+                     pix_fmt=frame.format.name, time_base='1/1000', pixel_aspect='1/1',
+                     colorspace=str(int(frame.colorspace)), range=str(int(frame.color_range)))
+    for part in chain.split(','):
+        name, _, args = part.partition('=')
+        node = graph.add(name, args or None)
+        last.link_to(node)
+        last = node
+    sink = graph.add('buffersink')
+    last.link_to(sink)
+    graph.configure()
+    return graph
+
+
 class _Scaler:
-    """One per loader / video: FFmpeg's scaler contexts are kept between frames
-    (``frame.to_ndarray(format=...)`` builds a new one per frame: ~10x slower).
+    """One per loader / video: FFmpeg's scaler context and filter graphs are kept
+    between frames (``frame.to_ndarray(format=...)`` builds a new context per frame:
+    ~10x slower).  Frames come out as ``ffmpeg -vf ...,format=rgb24`` gives them.
     ``threads``: the scaler's threads (0, PyAV's default: one per core)."""
 
     def __init__(self, threads: int = 0):
         from av.video.reformatter import VideoReformatter
         self.reformatter, self.threads = VideoReformatter(), threads
-        self._reducer = None  # a second context: the reduction's, so neither is rebuilt per frame
+        self._graphs = {}  # (chain, the frames' format, size and colour) -> graph
 
-    def reformat(self, frame, **kwargs):
-        return self.reformatter.reformat(frame, threads=self.threads, **kwargs)
+    def rgb(self, frame) -> np.ndarray:
+        """``frame`` in RGB at its size, as ``ffmpeg -vf format=rgb24``."""
+        if _reformat_is_ffmpegs(frame):
+            return self.reformatter.reformat(frame, format='rgb24', interpolation=_FFMPEG_FLAGS,
+                                             threads=self.threads).to_ndarray()
+        return self.filtered(frame, 'format=rgb24')
 
-    def reduce(self, frame, width: int, height: int, format: str | None = None):
-        """``frame`` scaled to width x height by pixel averaging, in ``format`` (None:
-        its own pixel format)."""
-        if self._reducer is None:
-            from av.video.reformatter import VideoReformatter
-            self._reducer = VideoReformatter()
-        return self._reducer.reformat(frame, width=width, height=height, format=format,
-                                      interpolation='AREA', threads=self.threads)
+    def filtered(self, frame, chain: str) -> np.ndarray:
+        """``frame`` through the filters ``chain`` (ending in format=rgb24)."""
+        key = (chain, frame.format.name, frame.width, frame.height, int(frame.colorspace),
+               int(frame.color_range))
+        graph = self._graphs.get(key)
+        if graph is None:
+            if len(self._graphs) >= 8:  # frames that keep changing: keep the recent ones
+                self._graphs.clear()
+            graph = self._graphs[key] = _filter_graph(frame, chain, self.threads)
+        graph.push(frame)
+        return graph.pull().to_ndarray()
 
 
 def _reformatter(threads: int = 0) -> _Scaler:
@@ -166,17 +219,18 @@ def _stored_size(width: int, height: int, turns: int, short_side: int | None) ->
 
 def _to_array(frame, short_side: int | None, reformatter,
               interpolation: str = 'BILINEAR', turns: int | None = None) -> np.ndarray:
-    """Upright RGB (H, W, 3) uint8 of ``frame``, short side resized to ``short_side``;
+    """Upright RGB (H, W, 3) uint8 of ``frame``, short side resized to ``short_side``
+    (scaled in the conversion: ``ffmpeg -vf scale=W:H:flags=<interpolation>,format=rgb24``);
     ``turns``: its quarter turns if known (reading the display matrix costs ~10 us)."""
     if turns is None:
         turns = _quarter_turns(frame)
     w, h = frame.width, frame.height
     size = _stored_size(w, h, turns, short_side)
-    if size == (w, h):  # no scaling (the scaler's cheaper path)
-        array = reformatter.reformat(frame, format='rgb24').to_ndarray()
+    if size == (w, h):
+        array = reformatter.rgb(frame)
     else:
-        array = reformatter.reformat(frame, format='rgb24', width=size[0], height=size[1],
-                                     interpolation=interpolation).to_ndarray()
+        array = reformatter.filtered(
+            frame, f'scale={size[0]}:{size[1]}:flags={interpolation.lower()},format=rgb24')
     return np.rot90(array, turns) if turns else array
 
 
@@ -204,18 +258,16 @@ def reduced_size(height: int, width: int, factor: int) -> tuple[int, int]:
 def _reduced_array(frame, factor: int, scaler: _Scaler, turns: int) -> np.ndarray:
     """Upright RGB (H, W, 3) uint8 of ``frame`` at 1/factor of its size (sides rounded
     up): scaled in YUV by pixel averaging (see _reduced_format), then converted to
-    RGB by the same unscaled conversion as full-size frames.  Scaling straight to
-    rgb24 takes swscale's generic path: measured on 320x240 H.264 frames at 1/2,
-    about 3x the time of both steps here (197 against 68 us a frame), and its
-    colours differ from the full-size conversion's by about a level."""
+    RGB as full-size frames are: ``ffmpeg -vf scale=W:H:flags=area,format=F,format=rgb24``.
+    Scaling straight to rgb24 takes swscale's generic path: measured on 320x240 H.264
+    frames at 1/2, about 3x the time of both steps here (197 against 68 us a frame),
+    and its colours differ from the full-size conversion's by about a level."""
     height, width = reduced_size(frame.height, frame.width, factor)
     name = frame.format.name
+    chain = f'scale={width}:{height}:flags=area'
     if name.startswith(_SCALED_IN_PLACE):
-        reduced = scaler.reduce(frame, width, height, _reduced_format(name, factor))
-        array = scaler.reformat(reduced, format='rgb24').to_ndarray()
-    else:
-        array = scaler.reformat(frame, format='rgb24', width=width, height=height,
-                                interpolation='AREA').to_ndarray()
+        chain += f',format={_reduced_format(name, factor) or name}'
+    array = scaler.filtered(frame, chain + ',format=rgb24')
     return np.rot90(array, turns) if turns else array
 
 

@@ -207,6 +207,22 @@ def test_second_run_into_a_busy_folder(tiny_synthetic, tmp_path, capsys):
     assert sorted(os.listdir(result)) == ['.lock']  # nothing written, no opts.json
 
 
+def test_a_failure_at_start_removes_the_folder_it_created(tiny_synthetic, tmp_path, capsys):
+    """A missing video found at start: the folder the run created goes, lock, index
+    and all; a folder that was there keeps what it held."""
+    from tests.conftest import tiny_args
+    video_path, annotation_path = tiny_synthetic
+    result = tmp_path / 'new' / 'r'
+    code, err = run_main(capsys, tiny_args(video_path, tmp_path / 'missing.json', result))
+    assert code == 2 and 'missing.json' in err
+    assert not result.exists()
+    kept = tmp_path / 'kept'
+    kept.mkdir()
+    (kept / 'notes.txt').write_text('mine')
+    code, err = run_main(capsys, tiny_args(video_path, tmp_path / 'missing.json', kept))
+    assert code == 2 and sorted(os.listdir(kept)) == ['.lock', 'notes.txt']
+
+
 @pytest.mark.slow
 def test_fresh_run_into_another_runs_folder(tiny_synthetic, tmp_path, capsys):
     from tests.conftest import tiny_args

@@ -197,3 +197,15 @@ def set_aside_later_checkpoints(result_path, progress, now=None):
         if (result_path / name).is_file():
             shutil.copy2(result_path / name, folder / name)
     return folder, [p.name for p in moved]
+
+
+def remove_unused(result_path) -> bool:
+    """Removes a result folder a run created and then failed in before writing
+    a log or a checkpoint (a missing video, a bad option found at start): no empty
+    folder, lock or data_index/ is left behind. True if removed."""
+    result_path = Path(result_path)
+    if any((result_path / name).exists() for name in ('train.log', 'val.log')) or \
+            any(result_path.glob('*.pth')):
+        return False
+    shutil.rmtree(result_path, ignore_errors=True)
+    return True
