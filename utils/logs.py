@@ -221,11 +221,18 @@ def write_hparams(writer, opt, world_size, epoch, train_stats, val_stats=None):
     writer.flush()
 
 
-def draw_curves(result_path):
-    """CURVES_NAME in result_path: the training and validation loss, their
-    accuracies and the learning rate against the epoch, from train.log and
-    val.log (drawn after every epoch when TensorBoard is off; replaced
-    atomically). Returns the series drawn, {name: [(epoch, value)]}."""
+# Lines that may coincide (a validation video accuracy equal to the clip one) keep
+# apart by style: the later one dashed, with open markers, over the earlier.
+_STYLES = [dict(linestyle='-', marker='o'), dict(linestyle='--', marker='s', markerfacecolor='none'),
+           dict(linestyle=':', marker='^', markerfacecolor='none')]
+
+
+def curves_figure(result_path):
+    """(figure, series drawn {name: [(epoch, value)]}) of the training and
+    validation loss, their accuracies and the learning rate against the epoch,
+    from train.log and val.log. The loss panel is on a log scale: an early
+    validation loss of 55 (the demo's first epoch) or a spike of 6000 would
+    flatten the rest of the run at zero on a linear one."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
     result_path = Path(result_path)
     train, val = ([row for row in read_tsv(result_path / name) if row.get('epoch')]
@@ -237,17 +244,28 @@ def draw_curves(result_path):
     fig = Figure(figsize=(13, 3.8), dpi=100, layout='constrained')
     drawn = {}
     for ax, (title, lines) in zip(fig.subplots(1, 3), panels.items()):
-        for label, rows, column in lines:
+        for (label, rows, column), style in zip(lines, _STYLES):
             points = [(int(r['epoch']), float(r[column])) for r in rows if r.get(column)]
             if points:
-                ax.plot(*zip(*points), marker='o', markersize=3, label=label)
+                ax.plot(*zip(*points), markersize=4, label=label, **style)
                 drawn[f'{title}: {label}'] = points
+        values = [v for name, points in drawn.items() if name.startswith(f'{title}:') for _, v in points]
+        if title == 'loss' and values and min(values) > 0:
+            ax.set_yscale('log')
+            title = 'loss (log scale)'
         ax.set_title(title)
         ax.set_xlabel('epoch')
         ax.legend(fontsize=8)
-    tmp = result_path / f'.{CURVES_NAME}.tmp'
+    return fig, drawn
+
+
+def draw_curves(result_path):
+    """CURVES_NAME in result_path, curves_figure's picture (drawn after every
+    epoch when TensorBoard is off; replaced atomically). Returns the series drawn."""
+    fig, drawn = curves_figure(result_path)
+    tmp = Path(result_path) / f'.{CURVES_NAME}.tmp'
     fig.savefig(tmp, format='png')
-    os.replace(tmp, result_path / CURVES_NAME)
+    os.replace(tmp, Path(result_path) / CURVES_NAME)
     return drawn
 
 
