@@ -94,6 +94,16 @@ def test_ucf101_json(tmp_path, capsys):
             'v_Alpha_g02_c01': entry('validation', [1, 3], 'Alpha'),
         }}
     assert 'Bravo/v_Bravo_g09_c01' in capsys.readouterr().err
+    first = (tmp_path / 'out' / 'ucf101_01.json').read_text()
+
+    ucf101_json.main([str(splits), str(videos), str(tmp_path / 'out')])  # the same: nothing kept
+    assert sorted(os.listdir(tmp_path / 'out')) == ['ucf101_01.json']
+    assert 'note:' not in capsys.readouterr().out
+    shutil.rmtree(videos / 'Alpha' / 'v_Alpha_g02_c01')  # another build: the first one is kept beside it
+    ucf101_json.main([str(splits), str(videos), str(tmp_path / 'out')])
+    assert sorted(os.listdir(tmp_path / 'out')) == ['ucf101_01.json', 'ucf101_01.previous.json']
+    assert (tmp_path / 'out' / 'ucf101_01.previous.json').read_text() == first
+    assert f'note: {tmp_path}/out/ucf101_01.json held another annotation' in capsys.readouterr().out
 
 
 def test_ucf101_json_missing_inputs(tmp_path):

@@ -146,9 +146,30 @@ def read_lines(path):
         return [line.strip() for line in f if line.strip()]
 
 
+def _keep_other_annotation(path: Path, annotation: dict) -> Path | None:
+    """Renames the file at ``path`` to <stem>.previous.json when it differs from ``annotation``."""
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # nothing there, or nothing worth keeping
+    if before == json.loads(json.dumps(annotation)):
+        return None
+    kept = path.with_name(f'{path.stem}.previous.json')
+    os.replace(path, kept)
+    return kept
+
+
 def write_annotation(dst_json_path, labels, database):
-    """Write one annotation JSON and say what went into it."""
-    write_json(dst_json_path, {'labels': labels, 'database': database})
+    """Write one annotation JSON and say what went into it. An annotation already
+    there with other contents (built from frame folders, now from the videos, say)
+    is kept beside it as <name>.previous.json, and the line says so."""
+    dst_json_path = Path(dst_json_path)
+    annotation = {'labels': labels, 'database': database}
+    kept = _keep_other_annotation(dst_json_path, annotation)
+    write_json(dst_json_path, annotation)
+    if kept is not None:
+        print(f'note: {dst_json_path} held another annotation (built from other videos or frames?): '
+              f'kept as {kept}')
     counts = {}
     for entry in database.values():
         counts[entry['subset']] = counts.get(entry['subset'], 0) + 1
