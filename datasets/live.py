@@ -31,6 +31,7 @@ import numpy as np
 
 from datasets.spatial_transforms import DCT_FACTORS
 from datasets.video import frame_array, new_scaler, upright_size
+from datasets.video_stream import only_pictures, video_stream
 from utils.errors import DataError
 from utils.urls import redact_url
 
@@ -118,21 +119,23 @@ def open_source(source: str, timeout: float = 10.0):
                             f'{redact_url(str(e))}') from None
         if interrupted:
             container.close()
-    if not container.streams.video:
+    if video_stream(container) is None:  # FFmpeg's pick, never a cover picture
+        pictures = only_pictures(container)
         container.close()
-        raise DataError(f'stream {source_name(source)} has no video stream')
+        raise DataError(f'stream {source_name(source)} has no video stream' +
+                        (', only a still picture (a cover)' if pictures else ''))
     return container
 
 
 def _frame_rate(container) -> float | None:
-    stream = container.streams.video[0]
+    stream = video_stream(container)
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     return float(rate) if rate else None
 
 
 def _frame_size(container) -> tuple[int, int]:
     """(height, width) of the source's frames as its header says."""
-    stream = container.streams.video[0]
+    stream = video_stream(container)
     return stream.height, stream.width
 
 
@@ -290,7 +293,7 @@ class LiveFrames:
     def _frames(self):
         """(frame, stream seconds since this connection's first frame) as decoded;
         a drop (an FFmpeg or socket error) ends them like the end of the data."""
-        stream = self.container.streams.video[0]
+        stream = video_stream(self.container)
         stream.thread_type = 'SLICE'  # frame threads would hold frames back (latency)
         resume, self._resume = self._resume, None
         first = previous = None  # stream seconds of the connection's first and last frames
