@@ -158,9 +158,9 @@ def set_aside_abandoned_line(result_path, record, ctx):
     names = ', '.join(checkpoints[:2]) + (f' ... {checkpoints[-1]}' if len(checkpoints) > 2 else '')
     best = ' and best.pth' if BEST in moved else ''
     after = f'epoch {progress[0]}' + (f' and {progress[1]} batches' if progress[1] else '')
-    log(ctx, f'{result_path} holds checkpoints after the one this run resumes ({after}): {names}, '
-             f'of a line of training it abandons: moved{best}, with copies of the logs as they were, '
-             f'into {folder.name}/ (--auto_resume and the logs follow this run from here)')
+    log(ctx, f'{result_path} holds checkpoints after the one this run resumes ({after}): {names}{best}, '
+             f'of a line of training it abandons, moved with copies of its logs into {folder.name}/ '
+             f'(--auto_resume and the logs follow this run from here)')
 
 
 class StepCheckpoints:
