@@ -184,7 +184,7 @@ def build_parser():
     _add(g, '--resume_path', default=None, type=Path,
          help='Checkpoint to resume training (or to evaluate) from')
     _add(g, '--auto_resume', action='store_true',
-         help='Resume from the newest complete checkpoint in result_path, if any')
+         help="Resume from the checkpoint this result_path's run wrote last (last_checkpoint.json), if any")
     _add(g, '--no_train', action='store_true', help='Skip training')
     _add(g, '--no_val', action='store_true', help='Skip validation')
     _add(g, '--inference', action='store_true', help='Run inference and write <subset>.json')
