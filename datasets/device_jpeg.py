@@ -13,7 +13,7 @@ decoded here in one call, on the device the batch is for.
 
 The GPU decoders decode at full size (factors ``()``: the plan's box is cropped
 from full frames); their frames differ from libjpeg-turbo's by the decoders'
-rounding (IDCT, chroma upsampling), which bench/gpu_check.py's gpu_decoding
+rounding (IDCT, chroma upsampling), which util_scripts/gpu_check.py's gpu_decoding
 check measures.
 
 Every decoder's ``decode(items)`` takes ``[(PackedFrames, factor), ...]`` and

@@ -1,9 +1,9 @@
 """Checks that fail in each way a check can, for tests/test_gpu_check.py
-(python -m bench.gpu_check --extra_checks tests.gpu_check_fakes)."""
+(python -m util_scripts.gpu_check --extra_checks tests.gpu_check_fakes)."""
 import os
 import time
 
-from bench.gpu_checks_common import Check
+from util_scripts.gpu_checks.common import Check
 
 
 def user_error(checker):

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py: a check that exits, crashes or hangs is a FAIL line and
+"""util_scripts/gpu_check.py: a check that exits, crashes or hangs is a FAIL line and
 the run goes on to the summary (before, a SystemExit in a check ended the whole
 self-check with no summary); every check's CPU dry run passes or SKIPs (one
 test per check, one dry run for all of them: `-k gpu_utilisation` reruns one)."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check
+from util_scripts import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 # test_suite's dry run is the suite itself, this test included.
@@ -17,7 +17,7 @@ DRY_RUN_CHECKS = [name for name in gpu_check.all_checks(None) if name != 'test_s
 
 @pytest.fixture(scope='module')
 def dry_run(request, tmp_path_factory):
-    """One `bench.gpu_check --cpu_dry_run` over the checks this session selected
+    """One `util_scripts.gpu_check --cpu_dry_run` over the checks this session selected
     (`-k gpu_utilisation` runs one): its lines by check name, and its work
     folder. One run, not one a check: the self-check's own process and its
     machine description start once, and the synthetic set is made once."""
@@ -25,7 +25,7 @@ def dry_run(request, tmp_path_factory):
              if item.originalname == 'test_every_check_passes_its_cpu_dry_run']
     work = tmp_path_factory.mktemp('gpu_check_dry_run')
     proc = subprocess.run(
-        [sys.executable, '-m', 'bench.gpu_check', '--cpu_dry_run', '--work', str(work),
+        [sys.executable, '-m', 'util_scripts.gpu_check', '--cpu_dry_run', '--work', str(work),
          '--only', *names], cwd=ROOT, capture_output=True, text=True, timeout=3600)
     lines = {}
     for line in proc.stdout.splitlines():
@@ -51,7 +51,7 @@ def test_every_check_passes_its_cpu_dry_run(name, dry_run):
 def test_failing_checks_end_in_the_summary(tmp_path):
     names = ['fake_user_error', 'fake_crash', 'fake_hang', 'device_normalisation']
     proc = subprocess.run(
-        [sys.executable, '-m', 'bench.gpu_check', '--cpu_dry_run', '--budget_scale', '1',
+        [sys.executable, '-m', 'util_scripts.gpu_check', '--cpu_dry_run', '--budget_scale', '1',
          '--extra_checks', 'tests.gpu_check_fakes', '--work', str(tmp_path), '--only', *names],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout
@@ -86,12 +86,23 @@ def test_help_and_list_say_what_checks_prove_not_which_issue_asked(capsys):
     assert 'issue ' not in text.lower(), [line for line in text.splitlines() if 'issue ' in line.lower()]
 
 
+def test_the_old_name_says_the_new_one_and_runs_it():
+    """The self-check moved out of bench/ (benchmarks only): `python -m
+    bench.gpu_check` still runs it, after one line naming the new command."""
+    proc = subprocess.run([sys.executable, '-m', 'bench.gpu_check', '--list'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        'note: the GPU self-check is now `python -m util_scripts.gpu_check`; running it']
+    assert 'gpu_utilisation' in proc.stdout and 'ddp_scaling' in proc.stdout
+
+
 def test_the_dry_run_shortcuts_stay_in_the_dry_run(tmp_path, monkeypatch):
     """A CPU dry run runs 2 checks at a time, torchrun's ranks as forks of the
     launcher, and commands with TORCH_LOGS of their own in forks; on a GPU one
     check at a time, and ranks and such commands in new interpreters."""
-    from bench import gpu_checks_common
-    from bench.gpu_checks_common import Checker
+    from util_scripts.gpu_checks import common as gpu_checks_common
+    from util_scripts.gpu_checks.common import Checker
     monkeypatch.setattr(Checker, 'data', property(lambda self: tmp_path / 'data'))  # none generated
     monkeypatch.setattr(gpu_checks_common, 'thread_pool_made_at_fork', lambda: None)  # no hook here
     assert gpu_check.parse_args(['--cpu_dry_run']).jobs == 2

@@ -63,7 +63,8 @@ def reused_pids(monkeypatch):
     """subprocess.Popen and the self-check's ForkedPython replaced by children
     whose pids are reused on reaping; yields the bystanders' list (each must
     still run after the code under test returned)."""
-    from bench import gpu_check, gpu_checks_common
+    from util_scripts import gpu_check
+    from util_scripts.gpu_checks import common as gpu_checks_common
     try:
         NS_LAST_PID.write_text(NS_LAST_PID.read_text())
     except OSError:
@@ -89,7 +90,7 @@ def assert_bystanders_alive(bystanders):
 
 @pytest.mark.slow  # a child process that imports torch
 def test_gpu_check_run_in_child_signals_no_reused_pid(reused_pids, tmp_path):
-    from bench import gpu_check
+    from util_scripts import gpu_check
     result, _, timed_out = gpu_check.run_in_child(['--list'], tmp_path / 'list.log', 120, cpu=True)
     assert result is None and not timed_out  # --list prints no result line
     assert 'gpu_utilisation' in (tmp_path / 'list.log').read_text()
@@ -104,9 +105,9 @@ def test_fault_injection_finish_signals_no_reused_pid(reused_pids, tmp_path):
 
 
 def quick_exit_checker(work):
-    """A Checker (bench/gpu_checks_common.py) whose main.py exits at once on a
+    """A Checker (util_scripts/gpu_checks/common.py) whose main.py exits at once on a
     bad option: the check's clean-up runs after a child that ended early."""
-    from bench.gpu_checks_common import Checker
+    from util_scripts.gpu_checks.common import Checker
 
     class QuickExit(Checker):
         def args(self, result, *extra):
@@ -115,8 +116,8 @@ def quick_exit_checker(work):
 
 
 def test_a_checks_clean_up_signals_no_reused_pid(reused_pids, tmp_path):
-    from bench.gpu_checks_common import Failed
-    from bench.gpu_checks_single import check_stop_signal
+    from util_scripts.gpu_checks.common import Failed
+    from util_scripts.gpu_checks.single import check_stop_signal
     with pytest.raises(Failed, match='did not happen'):
         check_stop_signal(quick_exit_checker(tmp_path))
     assert_bystanders_alive(reused_pids)

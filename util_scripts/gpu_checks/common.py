@@ -19,7 +19,7 @@ import torch
 
 from utils.processes import ForkedPython, end_tree, exited
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAIN = str(ROOT / 'main.py')
 LAUNCHER_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from bench.gpu_checks_common import (
+from util_scripts.gpu_checks.common import (
     MAIN,
     Check,
     Failed,

@@ -1,0 +1,3 @@
+"""The checks of the GPU self-check (util_scripts/gpu_check.py): common.py runs
+main.py, torchrun and predict.py for them; single.py and throughput.py hold
+the checks on one GPU, distributed.py those on two."""
