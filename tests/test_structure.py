@@ -20,7 +20,10 @@ ENTRY_PACKAGES = ('util_scripts', 'bench', 'tests')
 # a stop request that unwinds the run, and the models' depth check, which
 # model.py turns into an OptionError naming the option. (bench/ has its own.)
 NOT_USER_ERRORS = {('utils/preemption.py', 'Preempted'), ('models/resnet.py', 'DepthError'),
-                   ('util_scripts/stream_file.py', 'Stopped')}  # a signal, as control flow
+                   ('util_scripts/stream_file.py', 'Stopped'),  # a signal, as control flow
+                   # a GPU self-check's result, printed as its SKIP or FAIL line
+                   ('util_scripts/gpu_checks/common.py', 'Skip'),
+                   ('util_scripts/gpu_checks/common.py', 'Failed')}
 
 
 def _sources(exclude=('tests',)):
