@@ -8,7 +8,7 @@ Where a clip comes from, in order:
   (datasets/spatial_transforms.py)
   DataLoader batches clips (C, T, H, W) -> (N, C, T, H, W); its DeviceLoader
   copies them to the device (normalized there with --normalize_on_device,
-  utils/device_batches.py) for the model.
+  datasets/device_batches.py) for the model.
 """
 import datetime
 from pathlib import Path
@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from datasets.annotation import SUBSET_NAMES
 from datasets.bad_videos import SkipBadVideos
+from datasets.device_batches import BatchDecoder, DeviceLoader, ToDevice
 from datasets.device_jpeg import device_jpeg_decoder
 from datasets.frame_check import check_videos, count_short_videos, default_cache_dir
 from datasets.loader import make_loader
@@ -34,7 +35,6 @@ from datasets.temporal_transforms import (
 )
 from datasets.video_index import FrameTable, load_record_table
 from datasets.videodataset import BadVideo, VideoClipDataset, VideoWindowDataset, collate
-from utils.device_batches import BatchDecoder, DeviceLoader, ToDevice
 from utils.distributed import barrier
 from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
 from utils.preemption import shield_loader_worker, stop_signals_blocked

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from datasets.video_accuracy import evaluate_file
 from utils.distributed import PG_TIMEOUT, eval_module, gather_objects_to_main, waiting_group
-from utils.metrics import evaluate_file, format_report, save_confusion_png
+from utils.metrics import format_report, save_confusion_png
 from utils.precision import autocast_context
 
 
@@ -107,7 +108,7 @@ def pooled(x):
 @torch.no_grad()
 def score_views(loader, model, amp=False, amp_dtype=None, feature_module=None, progress=False):
     """`loader` yields (clips, video indices, segments) with the clips on the
-    device (a DeviceLoader, utils/device_batches.py: a batch of B items of K
+    device (a DeviceLoader, datasets/device_batches.py: a batch of B items of K
     views each as B * K clips). Yields per batch (video indices, segments,
     softmax (B, K, n_classes), pooled features (B, K, D) or None), on the CPU;
     K is the spatial views of a clip (3 with --inference_crop three). Only one

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 import dataset as data
+from datasets.device_batches import ToDevice
 from datasets.live import LiveFrames, LiveWindow, eval_plan, source_name
 from datasets.temporal_transforms import clip_span
 from datasets.video import reduced_size
 from datasets.videodataset import make_clips
 from inference import score_views, topk_entries
-from utils.device_batches import ToDevice
 
 __all__ = ['LiveSettings', 'default_stride', 'run_stream']
 

@@ -183,12 +183,12 @@ import dataset as data
 from checkpoint import load_trained_model
 from datasets import formats
 from datasets.annotation import VideoRecord, read_annotation, video_labels
+from datasets.device_batches import DeviceLoader, ToDevice
 from datasets.formats import VIDEO_EXTENSIONS, video_kind
 from datasets.videodataset import BadVideo, VideoWindowDataset
 from inference import ViewScores, score_views, topk_entries, write_features
 from model import classifier_name
 from opts import option_defaults
-from utils.device_batches import DeviceLoader, ToDevice
 from utils.errors import USER_ERRORS, DataError, OptionError, StorageError
 from utils.progress import on_terminal
 from utils.threads import set_threads

@@ -238,7 +238,7 @@ def train_epoch(epoch, loader, model, criterion, trainer, ctx, config, batch_log
     after_step(batches_done), called after each optimizer step but the epoch's
     last, ends the epoch there by returning True (a stop signal). `loader`
     yields (clips, targets) on the device: a DeviceLoader
-    (utils/device_batches.py); the data wait includes queueing their copy.
+    (datasets/device_batches.py); the data wait includes queueing their copy.
 
     The schedule's step and the EMA update follow every optimizer step that
     ran (an fp16 scaler skips those with inf/nan gradients). Each
@@ -259,7 +259,7 @@ def train_epoch(epoch, loader, model, criterion, trainer, ctx, config, batch_log
     for i in range(first, n_batches):
         lr_now = optimizer.param_groups[0]['lr']  # the lr this step uses
         t0 = time.perf_counter()
-        inputs, targets = next(batches)  # on the device (utils/device_batches.py)
+        inputs, targets = next(batches)  # on the device (datasets/device_batches.py)
         totals.wait_s += time.perf_counter() - t0
         batch = mix_batch(inputs, targets, config.n_classes, config.mix, trainer.mix_rng)
         sync_now = (i + 1) % k == 0 or i == n_batches - 1

@@ -13,7 +13,7 @@ from utils.precision import autocast_context
 @torch.no_grad()
 def val_epoch(epoch, loader, model, ctx, config, tb_writer=None, class_names=None):
     """Each item is one video with n_val_samples clips; `loader` (a
-    DeviceLoader, utils/device_batches.py) yields them on the device as
+    DeviceLoader, datasets/device_batches.py) yields them on the device as
     (B * N, C, T, H, W) with the B videos' targets.
 
     loss: mean cross-entropy over all clips; clip_acc: over all clips;

@@ -19,7 +19,7 @@ With ``--decode_device cuda`` (a loader made with ``defer_decoding=True``) the
 workers decode nothing: an item is a :class:`DeferredClip` (the frames' bytes
 packed in one uint8 tensor, :class:`PackedFrames`, and the crop the spatial
 transform planned), a batch a :class:`DeferredBatch`, which the main process
-decodes on the device (utils/device_batches.py, datasets/device_jpeg.py).
+decodes on the device (datasets/device_batches.py, datasets/device_jpeg.py).
 """
 from __future__ import annotations
 

@@ -327,7 +327,7 @@ class ClipTransform:
     @property
     def device_normalizer(self) -> NormalizeToInput | None:
         """The normalizer the consumer applies on the device after
-        defer_normalization() (utils/device_batches.py), else None: the clips
+        defer_normalization() (datasets/device_batches.py), else None: the clips
         come out normalized."""
         return self.finish.normalizer if isinstance(self.finish, KeepUint8) else None
 

@@ -103,7 +103,7 @@ def _deferred(loader, record: VideoRecord, index: int, union: list[int], clips, 
     """The item's frames read, not decoded, with the spatial transform's plan
     for them (drawn here, as _decode draws it) and the CPU generator's state
     after it: the rest of its random steps (flip, colour jitter, RandAugment,
-    erasing) run where the frames are decoded (utils/device_batches.py) and
+    erasing) run where the frames are decoded (datasets/device_batches.py) and
     continue from that state, so they draw what they draw in a worker."""
     if not _one_draw(spatial, multi):
         raise ValueError('decoding on the device needs one augmentation draw per item')

@@ -1,4 +1,4 @@
-"""Batches to the device (utils/device_batches.py): the copy is asynchronous and
+"""Batches to the device (datasets/device_batches.py): the copy is asynchronous and
 comes first, normalization and layout happen on the device, targets follow,
 the loader builders put pinned memory under it on a GPU. Without a GPU the
 device is 'meta' (tensors with a device, a dtype and a layout, no data)."""
@@ -8,9 +8,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
 import dataset as data
+from datasets.device_batches import DeviceLoader, ToDevice
 from datasets.spatial_transforms import NormalizeToInput
 from tests.test_datasets import prepared
-from utils.device_batches import DeviceLoader, ToDevice
 from utils.distributed import DistContext
 
 META = torch.device('meta')

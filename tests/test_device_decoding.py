@@ -9,12 +9,12 @@ import torch
 
 import dataset as data
 import main
+from datasets.device_batches import BatchDecoder
 from datasets.device_jpeg import CpuJpeg, device_jpeg_decoder
 from datasets.loader import DeferredBatch, DeferredClip
 from opts import parse_opts
 from tests.conftest import tiny_args
 from tests.test_datasets import parsed, prepared
-from utils.device_batches import BatchDecoder
 from utils.distributed import DistContext
 from utils.errors import DataError, OptionError
 from utils.resumable_data import start_epoch

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 
+from datasets.device_batches import DeviceLoader, ToDevice
 from datasets.samplers import ShardSampler
 from model import make_parallel
 from models import resnet
 from tests.dist_helpers import main_worker
 from training import LoopConfig, OptimizerConfig, Trainer, make_optimizer, train_epoch
 from utils import distributed as du
-from utils.device_batches import DeviceLoader, ToDevice
 from utils.distributed import CpuSyncBatchNorm, DistContext, convert_sync_batchnorm
 from utils.precision import amp_dtype
 from validation import val_epoch

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from datasets.video_accuracy import evaluate_file
 from util_scripts import eval_accuracy
 from utils.metrics import (
     class_report,
     confusion_figure,
     confusion_matrix,
-    evaluate_file,
     evaluate_ranked,
     format_report,
     save_confusion_png,

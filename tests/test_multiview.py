@@ -8,10 +8,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from datasets.annotation import VideoRecord
+from datasets.device_batches import DeviceLoader, ToDevice
 from datasets.spatial_transforms import ThreeCropTransform, build_eval_transform, three_crop_boxes
 from datasets.temporal_transforms import TemporalEvenCrop
 from datasets.videodataset import VideoWindowDataset
-from utils.device_batches import DeviceLoader, ToDevice
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 

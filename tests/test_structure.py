@@ -3,7 +3,9 @@ never written, outside opts.py; the library never imports util_scripts nor the
 command-line module opts.py; no import cycle among the project's modules
 (imports inside functions count); every user-facing error type lives in
 utils/errors.py; evaluation never imports the training loop; no function is
-longer than 60 lines (the option table excepted); main.py is at most 350 lines."""
+longer than 60 lines (the option table excepted); main.py is at most 350 lines;
+no import climbs a floor (utils/ and models/ are the ground, datasets/ above
+them, the top-level modules above those, the entry points on top)."""
 import ast
 from pathlib import Path
 
@@ -81,8 +83,8 @@ def _imports(tree):
 
 def test_evaluation_does_not_import_the_training_loop():
     """Validation, inference and predict take their device and precision
-    helpers from utils/device_batches.py and utils/precision.py."""
-    evaluation = {'validation.py', 'inference.py', 'predict.py', 'utils/device_batches.py',
+    helpers from datasets/device_batches.py and utils/precision.py."""
+    evaluation = {'validation.py', 'inference.py', 'predict.py', 'datasets/device_batches.py',
                   'utils/precision.py'}
     found = [f'{rel}:{line} {module}' for rel, tree in _sources() if rel.as_posix() in evaluation
              for line, module in _imports(tree) if module.split('.')[0] == 'training']
@@ -199,6 +201,30 @@ def _project_graph():
     return import_graph(modules, packages)
 
 
+# The floors a module may import from: its own and those below.
+GROUND, DATA, LIBRARY, ENTRY, TOOLS = range(5)
+
+
+def floor(module):
+    head = module.split('.')[0]
+    if head in ('utils', 'models'):
+        return GROUND
+    if head == 'datasets':
+        return DATA
+    if head in ENTRY_POINTS:
+        return ENTRY
+    return TOOLS if head in ENTRY_PACKAGES else LIBRARY
+
+
+def climbing_imports(graph):
+    return sorted(f'{m} imports {n}' for m, edges in graph.items() for n in edges
+                  if floor(n) > floor(m) and floor(m) < TOOLS)
+
+
+def test_no_import_climbs_a_floor():
+    assert climbing_imports(_project_graph()) == []
+
+
 def test_no_import_cycle():
     assert [sorted(c) for c in import_cycles(_project_graph())] == []
 
@@ -235,4 +261,10 @@ def test_the_import_checks_find_what_they_look_for():
     assert graph['pkg.m'] == {'pkg', 'pkg.n'} and graph['pkg.n'] == {'pkg.m'}
     assert sorted(sorted(c) for c in import_cycles(graph)) == [['a', 'b', 'c'], ['pkg.m', 'pkg.n']]
     assert opts_importers(graph) == ['c']
+    floors = import_graph({'utils.u': 'import datasets.d\n', 'models.m': 'from utils import u\n',
+                           'datasets': '', 'datasets.d': 'def f():\n    import inference\n',
+                           'inference': 'import predict\n', 'predict': 'import inference\n',
+                           'utils': '', 'tests.t': 'import predict\n'}, packages={'datasets', 'utils'})
+    assert climbing_imports(floors) == ['datasets.d imports inference', 'inference imports predict',
+                                        'utils.u imports datasets.d']
     assert import_cycles(import_graph({'a': 'import b\n', 'b': ''})) == []

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from datasets.video_accuracy import evaluate_file
 from tests.video_files import frame_image, frame_level, write_video
 from util_scripts import (
     eval_accuracy,
@@ -26,7 +27,6 @@ from util_scripts import (
     mit_json,
     ucf101_json,
 )
-from utils.metrics import evaluate_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -650,14 +650,12 @@ def test_eval_accuracy_says_how_many_videos_have_no_result(gt_and_result, capsys
 
 def test_eval_accuracy_reads_and_counts_once(gt_and_result, monkeypatch, capsys):
     """One evaluation path: the printed figure and top<k>.txt are the same count."""
-    import utils.metrics
-    import utils.video_accuracy
+    import datasets.video_accuracy
     gt, res = gt_and_result
     reads = []
-    for module in (utils.metrics, utils.video_accuracy):
-        real = module.load_results
-        monkeypatch.setattr(module, 'load_results',
-                            lambda path, real=real: reads.append(path) or real(path))
+    real = datasets.video_accuracy.load_results
+    monkeypatch.setattr(datasets.video_accuracy, 'load_results',
+                        lambda path: reads.append(path) or real(path))
     eval_accuracy.main([str(gt), str(res), '-k', '2', '--save'])
     assert len(reads) == 1
     # 3 classes: top-5 is printed as skipped, and then not saved either

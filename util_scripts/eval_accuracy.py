@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from utils.metrics import evaluate_file, format_report, save_confusion_png
-from utils.video_accuracy import canonical_subset
+from datasets.video_accuracy import canonical_subset, evaluate_file
+from utils.metrics import format_report, save_confusion_png
 
 
 def main(argv=None):

@@ -6,12 +6,9 @@ annotation's label order. Videos without a usable prediction (no result, or a
 label unknown to the annotation) are counted per true class in ``unscored``:
 they lower recall and mean class accuracy but belong to no column.
 """
-import sys
 from dataclasses import dataclass
 
 import numpy as np
-
-from utils.video_accuracy import canonical_subset, load_ground_truth, load_results
 
 __all__ = [
     'ClassReport',
@@ -19,7 +16,6 @@ __all__ = [
     'class_report',
     'confusion_figure',
     'confusion_matrix',
-    'evaluate_file',
     'evaluate_ranked',
     'format_report',
     'save_confusion_png',
@@ -183,31 +179,6 @@ def evaluate_ranked(ground_truth, ranked, class_names, ignore=False, ks=(1, 5), 
     return VideoEvaluation(list(class_names), len(videos), tuple(sorted(set(ks))), hits,
                            confusion, unscored, class_report(confusion, unscored), depth,
                            sum(v not in ranked for v in ground_truth))
-
-
-def evaluate_file(gt_path, result_path, subset='validation', ignore=False, ks=(1, 5)):
-    """VideoEvaluation of an inference result file against an annotation file,
-    classes in the annotation's label order (sorted ground-truth labels if it
-    lists none). Warns on stderr when the results use labels the annotation
-    lacks, or share no video with the subset (an error with ``ignore``)."""
-    subset = canonical_subset(subset)
-    ground_truth, labels = load_ground_truth(gt_path, subset)
-    results, depth = load_results(result_path)
-    unknown = {label for ranked in results.values() for label in ranked} - set(labels)
-    if labels and unknown:
-        print(f'warning: the results use {len(unknown)} label(s) absent from {gt_path} '
-              f'(e.g. {sorted(unknown)[0]!r}); is it the right annotation file?',
-              file=sys.stderr)
-    if not any(v in results for v in ground_truth):
-        message = (f"none of the {len(ground_truth)} '{subset}' videos of {gt_path} has a "
-                   f'result in {result_path}; check --subset and that both files describe '
-                   f'the same dataset and split')
-        if ignore:
-            raise ValueError(message)
-        print('warning: ' + message, file=sys.stderr)
-    class_names = list(labels) or sorted(set(ground_truth.values()))
-    return evaluate_ranked(ground_truth, results, class_names, ignore=ignore, ks=ks,
-                           depth=depth)
 
 
 def _row_normalized(confusion):

@@ -1,6 +1,7 @@
-"""Reading inference result files and annotation ground truth for the video
-evaluation (utils/metrics.py's evaluate_file, used after --inference by
-main.py and by util_scripts/eval_accuracy.py).
+"""The video evaluation of an inference result file against an annotation
+file (evaluate_file: after --inference in main.py, and
+util_scripts/eval_accuracy.py): both files read, then utils/metrics.py's
+evaluate_ranked.
 
 The result file is what inference writes: {"results": {video_id: [{"label",
 "score"}, ...]}}, or the per-clip form {"results": {video_id: [{"segment",
@@ -10,11 +11,13 @@ counts as wrong unless ignore=True restricts the evaluation to the videos in
 the results.
 """
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
 from datasets.annotation import SUBSET_NAMES, read_annotation, video_labels
 from utils.errors import DataError
+from utils.metrics import evaluate_ranked
 
 
 def canonical_subset(subset):
@@ -94,3 +97,28 @@ def load_results(result_path):
             raise ValueError(f'{result_path}: video {video_id}: entries need '
                              '"label" and "score"')
     return ranked, depth
+
+
+def evaluate_file(gt_path, result_path, subset='validation', ignore=False, ks=(1, 5)):
+    """VideoEvaluation of an inference result file against an annotation file,
+    classes in the annotation's label order (sorted ground-truth labels if it
+    lists none). Warns on stderr when the results use labels the annotation
+    lacks, or share no video with the subset (an error with ``ignore``)."""
+    subset = canonical_subset(subset)
+    ground_truth, labels = load_ground_truth(gt_path, subset)
+    results, depth = load_results(result_path)
+    unknown = {label for ranked in results.values() for label in ranked} - set(labels)
+    if labels and unknown:
+        print(f'warning: the results use {len(unknown)} label(s) absent from {gt_path} '
+              f'(e.g. {sorted(unknown)[0]!r}); is it the right annotation file?',
+              file=sys.stderr)
+    if not any(v in results for v in ground_truth):
+        message = (f"none of the {len(ground_truth)} '{subset}' videos of {gt_path} has a "
+                   f'result in {result_path}; check --subset and that both files describe '
+                   f'the same dataset and split')
+        if ignore:
+            raise ValueError(message)
+        print('warning: ' + message, file=sys.stderr)
+    class_names = list(labels) or sorted(set(ground_truth.values()))
+    return evaluate_ranked(ground_truth, results, class_names, ignore=ignore, ks=ks,
+                           depth=depth)
