@@ -4,7 +4,7 @@ The frames come from datasets/live.py's reader thread, windows of the
 checkpoint's clip (``sample_duration`` frames every ``sample_t_stride``)
 every ``stride`` frames. Each window is cut, resized and normalized exactly as
 --inference does it (dataset.eval_views, datasets/videodataset.make_clips)
-and scored like predict.py's windows (inference.score_views); ``smooth``
+and scored like classify.py's windows (inference.score_views); ``smooth``
 averages the last windows' scores. One line per window: the stream time of its
 last frame, the top classes, the latency from that frame's decoding to the
 result and the windows skipped so far (a model slower than the stream serves
@@ -63,7 +63,7 @@ def window_positions(options) -> list[int]:
 
 class WindowScorer:
     """A window's frames -> softmax over the classes (the mean over its crops),
-    through the same steps as predict.py's sliding windows."""
+    through the same steps as classify.py's sliding windows (predict.py)."""
 
     def __init__(self, model, options, device, crop, half):
         self.model, self.device, self.half = model, device, half

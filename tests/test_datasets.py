@@ -169,8 +169,8 @@ def test_annotation_errors_name_file_and_video(tmp_path):
 def test_every_annotation_reader_fails_alike(tmp_path):
     """Training, the evaluation (datasets/video_accuracy.py) and predict.py read an
     annotation file through one reader: one error type, one wording."""
+    from classify import annotation_labels
     from datasets.video_accuracy import load_ground_truth
-    from predict import annotation_labels
     readers = (lambda p: load_annotations(p, 'training', tmp_path, 'kinetics'),
                load_class_names, lambda p: load_ground_truth(p, 'training'), annotation_labels)
     broken = tmp_path / 'broken.json'

@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+import classify
 import datasets.live as live_source
 import live
 import main
 import predict
 from datasets.live import LiveFrames, source_name
 from datasets.temporal_transforms import clip_span
+from opts import option_defaults
 from tests.conftest import tiny_args
 from tests.servers import free_port, wait_bound
 from tests.video_files import write_video
@@ -48,16 +50,20 @@ def clip_file(tmp_path_factory):
                        width=128, height=96, fps=FPS)
 
 
+def load(checkpoint):
+    """(model, options, class names, device) as predict.py loads a checkpoint, on the CPU."""
+    return classify.load_model(checkpoint, option_defaults(), None, torch.device('cpu'), 'raw')
+
+
 def predict_windows(checkpoint, video, stride):
     """{first frame: softmax} of predict.py's sliding windows over the file."""
     args = predict.parse_args([str(checkpoint), str(video), '--stride', str(stride),
                                '--batch_size', '1', '--n_threads', '0', '--no_progress'])
-    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
-                                                             'raw')
-    videos, failures = predict.find_inputs(video), {}
-    records = predict.measure_videos(videos, failures)
-    dataset = predict.build_dataset(records, videos, options, 1, stride, 'center')
-    scores = predict.classify(dataset, model, device, args, failures, keep_views=True)
+    model, options, class_names, device = load(checkpoint)
+    videos, failures = classify.find_inputs(video), {}
+    records = classify.measure_videos(videos, failures)
+    dataset = classify.build_dataset(records, videos, options, 1, stride, 'center')
+    scores = classify.score_videos(dataset, model, device, args, failures, keep_views=True)
     return {segment[0]: probs for segment, _, probs in scores.views[0]}, class_names, records[0].n_frames
 
 
@@ -153,8 +159,7 @@ def test_a_model_slower_than_the_stream_skips_windows_with_bounded_latency(check
     from tests.video_files import frame_image
     video = write_video(tmp_path / 'long.mp4', width=64, height=48, fps=FPS,
                         images=[frame_image(i % 80, 64, 48) for i in range(100)])
-    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
-                                                             'raw')
+    model, options, class_names, device = load(checkpoint)
     slow = SlowModel(model, 0.25)
     settings = live.LiveSettings(stride=2, topk=1)
     out = tmp_path / 'lines.jsonl'
@@ -202,8 +207,7 @@ def test_smoothing_averages_the_last_windows(checkpoint, clip_file, tmp_path):
     """Each line averages the scores of the last 3 windows classified (predict.py's
     scores of those windows): compared by first frame, since a loaded machine may
     skip a different window in each run."""
-    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'),
-                                                             'raw')
+    model, options, class_names, device = load(checkpoint)
     out = tmp_path / 'smooth3.jsonl'
     live.run_stream(str(clip_file), model, options, class_names, device,
                     live.LiveSettings(stride=STRIDE, smooth=3, topk=0), out, out=_Lines(), err=_Lines())
@@ -324,7 +328,7 @@ def test_stop_returns_once_the_reader_has_ended(clip_file):
 
 
 def test_a_second_ctrl_c_while_the_reader_ends_still_gives_the_summary(checkpoint, clip_file, monkeypatch):
-    model, options, class_names, device = predict.load_model(checkpoint, None, torch.device('cpu'), 'raw')
+    model, options, class_names, device = load(checkpoint)
     frames = LiveFrames(str(clip_file), eval_spatial(), span=8, stride=4, notes=lambda text: None)
 
     def ctrl_c(*args):

@@ -5,12 +5,14 @@ validation-only run's val.log and TensorBoard confusion matrix."""
 import argparse
 import json
 import shutil
+import sys
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
+import classify
 import main
 import predict
 from opts import build_parser
@@ -62,26 +64,26 @@ def test_find_inputs_one_video_or_a_folder_of_them(tmp_path):
     (tmp_path / 'clips' / 'jump_03.mp4').write_bytes(b'')
     (tmp_path / 'clips' / 'notes.txt').write_text('not a video')
     (tmp_path / 'clips' / 'empty_folder').mkdir()
-    found = predict.find_inputs(tmp_path / 'clips')
+    found = classify.find_inputs(tmp_path / 'clips')
     assert [(v.video_id, v.kind) for v in found] == [
         ('jump_03', 'video'), ('run_02', 'hdf5'), ('walk_01', 'jpg')]
-    assert predict.frame_count(found[1]) == 2 and predict.frame_count(found[2]) == 3
-    one = predict.find_inputs(tmp_path / 'clips' / 'walk_01')
+    assert classify.frame_count(found[1]) == 2 and classify.frame_count(found[2]) == 3
+    one = classify.find_inputs(tmp_path / 'clips' / 'walk_01')
     assert [(v.video_id, v.kind) for v in one] == [('walk_01', 'jpg')]
 
 
 def test_find_inputs_errors(tmp_path):
     with pytest.raises(DataError, match='does not exist'):
-        predict.find_inputs(tmp_path / 'nope')
+        classify.find_inputs(tmp_path / 'nope')
     (tmp_path / 'a.txt').write_text('')
     with pytest.raises(DataError, match='is not a video this tool reads'):
-        predict.find_inputs(tmp_path / 'a.txt')
+        classify.find_inputs(tmp_path / 'a.txt')
     with pytest.raises(DataError, match='holds no video'):
-        predict.find_inputs(tmp_path)
+        classify.find_inputs(tmp_path)
     _frames(tmp_path / 'x')
     (tmp_path / 'x.avi').write_bytes(b'')
     with pytest.raises(DataError, match="two videos named 'x'"):
-        predict.find_inputs(tmp_path)
+        classify.find_inputs(tmp_path)
 
 
 @pytest.mark.slow
@@ -133,7 +135,7 @@ def test_predict_mp4_equals_inference_on_video_files(trained, tmp_path, capsys, 
     assert _scores(printed[v]) == pytest.approx(_scores(inferred[v]), abs=1e-5)
     flow = argparse.Namespace(**{**vars(build_parser().parse_args([])), 'input_type': 'flow'})
     with pytest.raises(DataError, match=r'optical flow \(--input_type flow\) is read from hdf5'):
-        predict.build_dataset([], [predict.VideoInput(v, str(mp4), 'video')], flow, 2, 0, 'center')
+        classify.build_dataset([], [classify.VideoInput(v, str(mp4), 'video')], flow, 2, 0, 'center')
 
 
 @pytest.mark.slow
@@ -372,11 +374,11 @@ def test_help_shows_defaults_and_window_outputs_take_one_video(trained, class_tr
 
 def test_accuracy_lines():
     ranked = {'a': ['x', 'y'], 'b': ['y', 'x']}
-    lines = predict.accuracy_lines({'a': 'x', 'b': 'x', 'c': 'y'}, ranked, ['x', 'y'], {'c': 'bad'})
+    lines = classify.accuracy_lines({'a': 'x', 'b': 'x', 'c': 'y'}, ranked, ['x', 'y'], {'c': 'bad'})
     assert lines[0] == ('accuracy over the 2 classified videos with a true label '
                         '(1 that could not be read not counted):')
     assert '  top-1 accuracy: 0.5000 (1/2)' in lines
-    bad = predict.accuracy_lines({'a': 'zzz'}, ranked, ['x', 'y'], {})
+    bad = classify.accuracy_lines({'a': 'zzz'}, ranked, ['x', 'y'], {})
     assert len(bad) == 1 and bad[0].startswith('accuracy not computed')
 
 
@@ -475,11 +477,11 @@ def test_predict_clips_equal_inference_on_frames_larger_than_the_sample_size(
     opt, record = prepared((root / kind, annotation_path), tmp_path, '--file_type', kind,
                            '--inference', *MAIN_VIEWS)
     inferred, _ = data.get_inference_data(opt, record)
-    videos = predict.find_inputs(root / kind)
+    videos = classify.find_inputs(root / kind)
     failures = {}
-    records = predict.measure_videos(videos, failures)
+    records = classify.measure_videos(videos, failures)
     assert not failures and len(records) == len(inferred.records) == 12
-    mine = predict.build_dataset(records, videos, opt, 2, 0, 'three')
+    mine = classify.build_dataset(records, videos, opt, 2, 0, 'three')
     where = {r.video_id: v for v, r in enumerate(inferred.records)}
     for v, r in enumerate(records):
         theirs = where[r.video_id]
@@ -520,3 +522,32 @@ def test_an_annotation_in_another_order_does_not_rename_the_outputs(trained, tmp
     captured = capsys.readouterr()
     assert _scores(json.loads(captured.out)['results'][v]) == expected
     assert 'accuracy over the 1 classified videos' in captured.err
+
+
+def test_one_run_enters_predict_once(trained, tmp_path, capsys):
+    """predict.py parses and dispatches: a run of every files step (frames counted,
+    windows loaded in this process, scored, true labels, --timeline, --output_video,
+    --extract_features) calls into it once, from the caller of main(); nothing below
+    it calls back up (a pipeline whose steps sat in predict.py was re-entered 12 times)."""
+    from tests.video_files import write_video
+    video_path, annotation_path, out, _ = trained
+    video = write_video(tmp_path / 'long.mp4', n_frames=24, width=32, height=32, fps=10)
+    here = predict.__file__
+    entered = []
+
+    def profile(frame, event, arg):
+        caller = frame.f_back
+        if event == 'call' and frame.f_code.co_filename == here and \
+                (caller is None or caller.f_code.co_filename != here):
+            entered.append(frame.f_code.co_name)
+
+    argv = [str(out / 'save_1.pth'), str(video), '--n_threads', '0', '--no_progress',
+            '--annotation_path', str(annotation_path), '--timeline', str(tmp_path / 't.json'),
+            '--output_video', str(tmp_path / 'o.mp4'), '--extract_features', str(tmp_path / 'f.h5')]
+    sys.setprofile(profile)
+    try:
+        code = predict.main(argv)
+    finally:
+        sys.setprofile(None)
+    assert code == 0, capsys.readouterr().err
+    assert entered == ['main']

@@ -15,6 +15,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
+import classify
 import main
 import predict
 from datasets import storage
@@ -97,13 +98,13 @@ def test_predict_on_shards_equals_the_folders(kind, checkpoint, from_folders, ti
 def test_videos_of_the_index_are_named_counted_and_labelled_as_in_the_folders(tiny_synthetic, shards):
     """Ids, class folders and frame counts of the index's videos are those of the jpg
     tree's videos, and counting them reads no payload."""
-    videos = predict.shard_inputs(storage.open_shards(shards))
+    videos = classify.shard_inputs(storage.open_shards(shards))
     with mock.patch.object(storage.ShardStore, 'read_range', side_effect=AssertionError('a payload was read')):
         failures = {}
-        records = predict.measure_videos(videos, failures)
+        records = classify.measure_videos(videos, failures)
     assert failures == {} and all(v.kind == 'hdf5' and v.path.count('/') == 1 for v in videos)
-    folder = predict.find_inputs(tiny_synthetic[0])
-    assert {(v.video_id, v.folder, predict.frame_count(v)) for v in folder} == \
+    folder = classify.find_inputs(tiny_synthetic[0])
+    assert {(v.video_id, v.folder, classify.frame_count(v)) for v in folder} == \
         {(r.video_id, v.folder, r.n_frames) for v, r in zip(videos, records)}
 
 
@@ -112,7 +113,7 @@ def test_a_name_found_twice_is_named_by_its_rel():
              'meta_size': 1, 'n_frames': n} for p, n in (('a/x', 5), ('a/y', 6), ('b/x', 7), ('v_z', 8))]
     index = ShardIndex.from_bytes(*encode_index('hdf5', [{'name': 'shard-000000.tar', 'size': 0, 'sha256': '',
                                                            'members': 8, 'n_videos': 4}], rows))
-    videos = predict.shard_inputs(SimpleNamespace(index=lambda: index, location='s'))
+    videos = classify.shard_inputs(SimpleNamespace(index=lambda: index, location='s'))
     assert [(v.video_id, v.path, v.folder, v.n_frames) for v in videos] == [
         ('a/x', 'a/x', 'a', 5), ('y', 'a/y', 'a', 6), ('b/x', 'b/x', 'b', 7), ('v_z', 'v_z', None, 8)]
 

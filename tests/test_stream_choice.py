@@ -278,17 +278,17 @@ def test_shards(videos, tmp_path):
 def test_predict_reads_the_chosen_stream(video):
     import argparse
 
-    import predict
+    import classify
     from opts import build_parser
     path, (width, height) = video
-    videos = predict.find_inputs(path)
+    videos = classify.find_inputs(path)
     failures = {}
-    records = predict.measure_videos(videos, failures)
+    records = classify.measure_videos(videos, failures)
     assert not failures and records[0].n_frames == N_CHOSEN
-    assert predict.frame_rate(videos[0], 99) == FPS_CHOSEN
+    assert classify.frame_rate(videos[0], 99) == FPS_CHOSEN
     options = argparse.Namespace(**{**vars(build_parser().parse_args([])), 'sample_size': 32,
                                     'sample_duration': 8, 'file_type': 'video'})
-    dataset = predict.build_dataset(records, videos, options, 0, 8, 'center')
+    dataset = classify.build_dataset(records, videos, options, 0, 8, 'center')
     assert len(dataset) == 2  # windows of 8 frames side by side in 16 frames
     clip = dataset.loader.read(str(path), [8, 15]).decode()  # what the windows are cut from
     assert tuple(clip.shape) == (2, 3, height, width) and red_levels(clip) == [8, 15]
