@@ -150,3 +150,27 @@ def test_frames_converted_at_reduced_scale_are_the_ones_asked_for(corpus, name):
         wrong += sum(p != g for p, g in zip(positions, got))
         total += len(positions)
     assert wrong == 0, f'{name}: {wrong} of {total} frames wrong at 1/2'
+
+
+@pytest.mark.parametrize('name', ['h264_mp4_default_gop', 'hevc_mkv'])
+def test_non_reference_frames_before_a_clip_are_not_decoded(corpus, name, monkeypatch):
+    """H.264/HEVC pictures no other picture refers to, before the clip, are skipped
+    (skip_frame NONREF): fewer frames come out of the decoder, the clip is the same
+    bytes as with every frame decoded, and the context decodes every frame after it."""
+    import torch
+
+    from datasets import video
+    path, n = corpus[name], n_frames_of(name)
+    positions = list(range(n - 16, n))
+    clips, decoded = [], []
+    for skips in (video._SKIPS_NONREF, ()):
+        monkeypatch.setattr(video, '_SKIPS_NONREF', skips)
+        loader = VideoClipLoader(threads=1, max_open=1)
+        clips.append(loader(path, positions))
+        decoded.append(loader.stats['decoded'])
+        assert clip_codes(loader(path, list(range(16)))) == list(range(16))
+        assert loader._get(str(path)).stream.codec_context.skip_frame == 'DEFAULT'
+        loader.close()
+    assert torch.equal(clips[0], clips[1])
+    assert clip_codes(clips[0]) == positions
+    assert decoded[0] < decoded[1], f'{name}: {decoded[0]} frames decoded, {decoded[1]} without skipping'
