@@ -255,9 +255,10 @@ def class_tree(trained, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_folder_with_broken_videos_classifies_the_others(trained, class_tree, tmp_path, capsys):
+def test_folder_with_broken_videos_classifies_the_others(trained, class_tree, tmp_path, capsys, monkeypatch):
     _, _, out, _ = trained
     root, good = class_tree
+    monkeypatch.setattr(predict, 'on_terminal', lambda: True)  # the bar is drawn, on stderr: stdout stays JSON
     code = predict.main([str(out / 'save_1.pth'), str(root), '--topk', '0', '--json',
                          '--n_clips', '2', '--n_threads', '1'])
     captured = capsys.readouterr()
