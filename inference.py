@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from datasets.video_accuracy import evaluate_file
+from utils.atomic import atomic_file, write_atomic
 from utils.distributed import PG_TIMEOUT, eval_module, gather_objects_to_main, waiting_group
 from utils.metrics import format_report, save_confusion_png
 from utils.precision import autocast_context
@@ -69,7 +70,7 @@ def run_inference(loader, model, class_names, ctx, config, result_file, topk=5, 
     ids = [v for v in dict.fromkeys(r.video_id for r in dataset.records) if v in merged]
     output = InferenceOutput({v: merged[v][0] for v in ids}, {v: merged[v][1] for v in ids},
                              {v: merged[v][2] for v in ids} if feature_module is not None else None)
-    with open(result_file, 'w') as f:
+    with atomic_file(result_file, 'w') as f:
         json.dump({'results': output.results, 'views': output.views}, f)
     return output
 
@@ -202,8 +203,8 @@ def report_inference(result_file, annotation_path, subset):
         print(f'inference {name} on {subset}: {value}')
     stem = result_file.with_suffix('')
     report = format_report(evaluation.report, evaluation.class_names)
-    stem.with_name(f'{stem.name}_report.txt').write_text(
-        '\n'.join(evaluation.summary_lines()) + '\n\n' + report + '\n')
+    write_atomic(stem.with_name(f'{stem.name}_report.txt'),
+                 '\n'.join(evaluation.summary_lines()) + '\n\n' + report + '\n')
     if len(evaluation.class_names) <= PRINTED_REPORT_CLASSES:  # Kinetics' 400 rows stay in the file
         print(report)
     save_confusion_png(evaluation.confusion, evaluation.class_names,

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from models.x3d_sizes import SIZES as X3D_SIZES
+from utils.atomic import atomic_file
 from utils.cli import Parser
 from utils.urls import redact_url, redacted, storage_option_names, video_location
 
@@ -495,5 +496,5 @@ def save_opts(opt, path, run=None):
     content = opts_to_dict(opt)
     if run is not None:
         content['run'] = run
-    with open(path, 'w') as f:
+    with atomic_file(path, 'w') as f:
         json.dump(content, f, indent=2, sort_keys=False)

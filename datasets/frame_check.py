@@ -35,6 +35,7 @@ from datasets.formats import frame_count, frame_file_name
 from datasets.loader import make_loader
 from datasets.temporal_transforms import clip_span
 from datasets.video import check_video_frames, container_frames
+from utils.atomic import write_atomic
 from utils.errors import DataError
 
 MODES = ('last', 'all', 'decode')
@@ -162,11 +163,8 @@ def _make_check(mode: str, file_type: str, input_type: str, items):
 def _write_cache(cache_file: Path, n_videos: int, mode: str) -> None:
     """Best effort: a cache that cannot be written only costs the next start time."""
     try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f'.{cache_file.name}.{os.getpid()}.tmp')
-        tmp.write_text(json.dumps({'videos': n_videos, 'mode': mode,
-                                   'checked_at': time.strftime('%Y-%m-%d %H:%M:%S')}) + '\n')
-        os.replace(tmp, cache_file)
+        write_atomic(cache_file, json.dumps({'videos': n_videos, 'mode': mode,
+                                             'checked_at': time.strftime('%Y-%m-%d %H:%M:%S')}) + '\n')
     except OSError:
         pass
 

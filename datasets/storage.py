@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from datasets.shards import BLOCK, INDEX_JSON, INDEX_NPZ, ShardIndex, escape_key
+from utils.atomic import write_atomic
 from utils.errors import DataError, OptionError, StorageError
 from utils.urls import redact_url
 
@@ -392,15 +393,9 @@ class ShardStore:
     def _cache_put(self, path, data):
         if path is None or len(data) > self.cache_bytes:
             return
-        tmp = f'{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
         try:
-            os.makedirs(self.cache_dir, exist_ok=True)
-            with open(tmp, 'wb') as f:
-                f.write(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
         except OSError:  # a full or read-only cache folder: the read itself worked
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
             return
         # the other processes' writes are seen by a scan: the first, then one after each 1/16 of the bound
         # written here, or when the bound is reached

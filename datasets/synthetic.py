@@ -34,6 +34,7 @@ import torch
 from torchvision.io import encode_jpeg
 
 from datasets.formats import frame_file_name
+from utils.atomic import write_atomic
 
 __all__ = ['CLASSES', 'prepare_synthetic', 'render_video', 'video_seed',
            'ANNOTATION_NAME', 'STAMP_NAME']
@@ -222,9 +223,7 @@ def prepare_synthetic(root, *, seed: int = 0, n_train_per_class: int = 40,
             os.rename(tmp / 'jpg', root / 'jpg')
             os.replace(tmp / ANNOTATION_NAME, root / ANNOTATION_NAME)
             os.replace(tmp / 'test_labels.json', root / 'test_labels.json')
-            stamp_tmp = tmp / STAMP_NAME
-            stamp_tmp.write_text(json.dumps(params, indent=1))
-            os.replace(stamp_tmp, root / STAMP_NAME)
+            write_atomic(root / STAMP_NAME, json.dumps(params, indent=1))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return result

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from datasets.annotation import VideoRecord, load_annotations, path_signature
+from utils.atomic import atomic_file
 
 __all__ = ['FrameTable', 'RecordTable', 'load_record_table']
 
@@ -44,21 +45,6 @@ __all__ = ['FrameTable', 'RecordTable', 'load_record_table']
 FORMAT_VERSION = 2
 _ARRAYS = ('ids', 'id_offsets', 'paths', 'path_offsets', 'first_frame', 'n_frames', 'label',
            'segment_begin')
-
-
-def _write_atomic(path: Path, write) -> None:
-    """write(file) into a temporary file of a random name, then renamed onto ``path``:
-    ranks write one folder at once, and local rank 0 of two nodes often has one PID
-    (containers), so a name made of the PID was written by both."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.{secrets.token_hex(8)}.tmp')
-    try:
-        with open(tmp, 'xb') as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _changed(depends: dict) -> str | None:
@@ -141,9 +127,10 @@ class RecordTable(Sequence):
     def save(self, path, class_names: Sequence[str], depends: dict | None = None) -> None:
         """Atomic write (ranks may race to write it); ``depends``: {path: path_signature}
         of what the records were read from, checked by load."""
-        _write_atomic(Path(path), lambda f: np.savez(
-            f, root=np.array(self.root), class_names=np.array(json.dumps(class_names)),
-            depends=np.array(json.dumps(depends or {})), **{k: getattr(self, k) for k in _ARRAYS}))
+        with atomic_file(path) as f:
+            np.savez(f, root=np.array(self.root), class_names=np.array(json.dumps(class_names)),
+                     depends=np.array(json.dumps(depends or {})),
+                     **{k: getattr(self, k) for k in _ARRAYS})
 
     @classmethod
     def load(cls, path) -> tuple[RecordTable, list[str]]:
@@ -236,7 +223,8 @@ def _write_segment(path: Path, arrays: dict[str, np.ndarray]) -> None:
     header = json.dumps({'version': FRAMES_VERSION, 'arrays': layout}).encode()
     header += b' ' * (-len(header) % 8)
     blob = len(header).to_bytes(8, 'little') + header + b''.join(parts)
-    _write_atomic(path, lambda f: np.save(f, np.frombuffer(blob, np.uint8)))
+    with atomic_file(path) as f:
+        np.save(f, np.frombuffer(blob, np.uint8))
 
 
 def _read_segment(path: Path) -> dict[str, np.ndarray] | None:

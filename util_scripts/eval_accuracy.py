@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from datasets.video_accuracy import canonical_subset, evaluate_file
+from utils.atomic import write_atomic
 from utils.metrics import format_report, save_confusion_png
 
 
@@ -67,13 +68,12 @@ def main(argv=None):
             raise SystemExit(f'error: top-{args.k} accuracy: {evaluation.why_not(args.k)}; '
                              f'nothing written')
         # Same content as the predecessor's file: the bare accuracy; the counts beside it.
-        with (args.result_path.parent / f'top{args.k}.txt').open('w') as f:
-            f.write(str(accuracy))
+        write_atomic(args.result_path.parent / f'top{args.k}.txt', str(accuracy))
         counts = {'k': args.k, 'accuracy': accuracy, 'hits': evaluation.topk_hits[args.k],
                   'videos': evaluation.n_videos, 'videos_without_result': evaluation.n_missing,
                   'without_result_counted': 'left out (--ignore)' if args.ignore else 'as wrong',
                   'note': missing}
-        (args.result_path.parent / f'top{args.k}.json').write_text(json.dumps(counts, indent=1) + '\n')
+        write_atomic(args.result_path.parent / f'top{args.k}.json', json.dumps(counts, indent=1) + '\n')
     return accuracy
 
 

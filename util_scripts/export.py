@@ -46,6 +46,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.atomic import atomic_path
 from utils.cli import Parser
 from utils.urls import video_location
 
@@ -255,13 +256,8 @@ def export(checkpoint, output, fmt, weights='raw', atol=1e-4, rtol=2e-6):
     """Writes the export and returns the largest difference of its check."""
     model, options, class_names = load_trained_model(checkpoint, option_defaults(), weights=weights)
     meta = metadata(options, class_names, checkpoint)
-    tmp = output.with_name(f'.{output.stem}.tmp{output.suffix}')  # torch.export wants .pt2
-    try:
+    with atomic_path(output, keep_suffix=True) as tmp:  # torch.export wants .pt2
         seconds, difference = write_checked(model, options, meta, tmp, fmt, atol, rtol)
-        os.replace(tmp, output)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     print(f'{output}: {fmt}, {describe(options, class_names)}, exported in {seconds:.1f} s; '
           f'largest difference from PyTorch {difference:.2g} (batches of '
           f'{", ".join(map(str, CHECK_BATCHES))})')
@@ -322,8 +318,9 @@ def export_int8(args):
     calibration = export_clips.calibration_set(args.calibration, root, options, args.calibration_clips)
     held_out = export_clips.validation_set(args.calibration, root, options, class_names)
     meta = metadata(options, class_names, args.checkpoint)
-    with tempfile.TemporaryDirectory(prefix=f'.{args.output.stem}.', dir=args.output.parent) as folder:
-        fp32, int8 = Path(folder) / 'fp32.onnx', Path(folder) / 'int8.onnx'
+    with tempfile.TemporaryDirectory(prefix=f'.{args.output.stem}.', dir=args.output.parent) as folder, \
+            atomic_path(args.output, keep_suffix=True) as int8:
+        fp32 = Path(folder) / 'fp32.onnx'
         export_seconds, difference = write_checked(model, options, meta, fp32, 'onnx', args.atol,
                                                    args.rtol)
         start = time.perf_counter()
@@ -336,7 +333,6 @@ def export_int8(args):
         report.threads = args.threads or _cores()
         report.fp32_seconds, report.int8_seconds = time_both(fp32, int8, clip, report.threads)
         sizes = (fp32.stat().st_size, int8.stat().st_size)
-        os.replace(int8, args.output)
     print_int8_report(report, args, options, class_names, (calibration, held_out), seconds, sizes)
     return report
 

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 
 from datasets.formats import HDF5_RGB_KEYS, frame_file_name, frame_numbers
+from utils.atomic import atomic_path
 from utils.cli import Parser
 from utils.errors import DataError
 
@@ -44,15 +45,8 @@ def write_hdf5(frames, dst_file):
     data = np.empty(len(frames), dtype=object)
     for i, jpeg in enumerate(frames):
         data[i] = np.frombuffer(jpeg, dtype=np.uint8)
-    tmp = dst_file.with_name(dst_file.name + '.tmp')
-    try:
-        with h5py.File(tmp, 'w') as h5:
-            h5.create_dataset(HDF5_RGB_KEYS[0], data=data,
-                              dtype=h5py.vlen_dtype(np.uint8))
-        os.replace(tmp, dst_file)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(dst_file) as tmp, h5py.File(tmp, 'w') as h5:
+        h5.create_dataset(HDF5_RGB_KEYS[0], data=data, dtype=h5py.vlen_dtype(np.uint8))
 
 
 def pack_frames(frame_dir, dst_file):

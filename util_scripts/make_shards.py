@@ -104,6 +104,7 @@ from tqdm import tqdm
 from datasets import shards
 from datasets.annotation import SUBSETS, load_annotations, read_annotation
 from datasets.formats import HDF5_RGB_KEYS, frame_count, frame_file_name, frame_numbers
+from utils.atomic import write_atomic
 from utils.errors import DataError
 from utils.progress import on_terminal
 
@@ -309,13 +310,6 @@ def member_span(name, size):
 def video_span(video, size, meta):
     key = shards.escape_key(video.rel)
     return member_span(f'{key}.{video.ext}', size) + member_span(f'{key}.json', len(meta))
-
-
-def write_atomic(path, data: bytes):
-    """``data`` into ``path`` through a temporary file: a kill leaves the old file or the new."""
-    tmp = path.with_name(path.name + '.tmp')
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def save_progress(out, progress):

@@ -21,6 +21,7 @@ from datasets.formats import (
     video_files,
 )
 from datasets.video import count_frames, iter_frames
+from utils.atomic import atomic_file
 from utils.cli import Parser
 from utils.errors import DataError
 from utils.progress import on_terminal
@@ -132,12 +133,8 @@ def run_conversions(jobs, func, n_jobs, processes=False, max_listed=None):
 
 def write_json(path, data):
     """Write JSON through a temporary file so a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + '.tmp')
-    with tmp.open('w') as f:
+    with atomic_file(path, 'w') as f:
         json.dump(data, f)
-    os.replace(tmp, path)
 
 
 def read_lines(path):

@@ -1,18 +1,16 @@
 """Checkpoints in 3D-ResNets-PyTorch's format, written atomically and loaded safely."""
-import os
 import random
-import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from utils.atomic import atomic_file, temporary_pattern
 from utils.errors import CheckpointError, CheckpointWriteError
 from utils.retention import checkpoint_progress, checkpoints_newest_first
 
-# save_checkpoint_atomic's temporaries: '.' + target name + mkstemp's random part + '.tmp'.
-TEMPORARY_RE = re.compile(r'^\.save_[^/]*\.pth\.[A-Za-z0-9_]+\.tmp$')
+# save_checkpoint_atomic's temporaries (utils/atomic.py's, of save_*.pth).
+TEMPORARY_RE = temporary_pattern(r'save_[^/]*\.pth')
 
 
 def strip_module_prefix(state_dict):
@@ -66,25 +64,20 @@ def save_checkpoint_atomic(obj, path):
     """Writes to a temporary file in the same folder, then renames: a kill during
     the write never leaves a corrupt save_<epoch>.pth behind."""
     path = Path(path)
+    opened = False
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
-    except OSError as e:
-        raise CheckpointWriteError(f'cannot create a file in {path.parent} to write checkpoint '
-                                   f'{path.name} ({e.strerror}): fix the folder\'s permissions '
-                                   f'or free space, then resume; earlier checkpoints are '
-                                   f'intact') from e
-    try:
-        with os.fdopen(fd, 'wb') as f:
+        with atomic_file(path) as f:
+            opened = True
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         os_error = _os_error_in_chain(e)
         if os_error is None:
             raise
+        if not opened:
+            raise CheckpointWriteError(f'cannot create a file in {path.parent} to write checkpoint '
+                                       f'{path.name} ({os_error.strerror}): fix the folder\'s '
+                                       f'permissions or free space, then resume; earlier '
+                                       f'checkpoints are intact') from e
         # torch.save reports a failed write as "unexpected pos ..."; say what failed.
         reason = os_error.strerror or str(os_error)
         raise CheckpointWriteError(f'cannot write checkpoint {path} ({reason}): free space or '

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from utils.atomic import atomic_file, atomic_path
+
 LOG_NAMES = ('train.log', 'train_batch.log', 'val.log')
 TRAIN_LOG_COLUMNS = ['epoch', 'loss', 'acc', 'lr', 'clips_per_s', 'data_wait']
 BATCH_LOG_COLUMNS = ['epoch', 'batch', 'iter', 'loss', 'acc', 'lr']
@@ -91,12 +93,8 @@ def truncate_log(path, last_epoch, last_iter=None):
             dropped += 1
     dropped += bool(lines[-1])
     if dropped:
-        tmp = path.with_name(f'.{path.name}.truncate.tmp')
-        with open(tmp, 'w', newline='') as f:
+        with atomic_file(path, 'w', newline='') as f:
             f.write('\n'.join(kept) + '\n')
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     return dropped
 
 
@@ -263,9 +261,8 @@ def draw_curves(result_path):
     """CURVES_NAME in result_path, curves_figure's picture (drawn after every
     epoch when TensorBoard is off; replaced atomically). Returns the series drawn."""
     fig, drawn = curves_figure(result_path)
-    tmp = Path(result_path) / f'.{CURVES_NAME}.tmp'
-    fig.savefig(tmp, format='png')
-    os.replace(tmp, Path(result_path) / CURVES_NAME)
+    with atomic_path(Path(result_path) / CURVES_NAME) as tmp:
+        fig.savefig(tmp, format='png')
     return drawn
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from utils.atomic import atomic_path
+
 __all__ = [
     'ClassReport',
     'VideoEvaluation',
@@ -220,4 +222,5 @@ def save_confusion_png(confusion, class_names, path, title=None):
     """Writes the confusion picture to ``path`` (PNG)."""
     kwargs = {} if title is None else {'title': title}
     fig = confusion_figure(confusion, class_names, **kwargs)
-    fig.savefig(path, format='png')
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format='png')

@@ -11,13 +11,14 @@ metadata (class names, input settings) that predict.py reads, and adds
 "quantization", saying how it was made."""
 import itertools
 import json
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from utils.atomic import atomic_path
 
 # uint8 activations x int8 weights (U8S8): the pair onnxruntime's x86 int8
 # kernels multiply (AVX2's VPMADDUBSW, AVX-VNNI/AVX-512 VNNI's VPDPBUSD take
@@ -91,8 +92,8 @@ def quantize_onnx_int8(fp32_path, int8_path, calibration_batches):
                         weight_type=getattr(QuantType, WEIGHT_TYPE))
         model = onnx.load(str(quantized))
         _copy_metadata(fp32_path, model, reader.count)
-        onnx.save(model, str(quantized))
-        os.replace(quantized, int8_path)
+        with atomic_path(int8_path) as out:
+            onnx.save(model, str(out))
 
 
 def onnx_session(path, n_threads=0):

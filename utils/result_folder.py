@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from utils.atomic import write_atomic
 from utils.errors import ResultFolderBusy, ResultFolderError
 from utils.urls import redact_argv
 
@@ -147,10 +148,8 @@ def record_last_checkpoint(result_path, checkpoint_path):
     """Names the checkpoint just written as the run's last (after it is in
     place; written atomically): --auto_resume takes it, not a higher-numbered
     checkpoint another line of training left."""
-    record = Path(result_path) / LAST_CHECKPOINT
-    tmp = record.with_name(f'.{LAST_CHECKPOINT}.tmp')
-    tmp.write_text(json.dumps({'checkpoint': Path(checkpoint_path).name}) + '\n')
-    os.replace(tmp, record)
+    write_atomic(Path(result_path) / LAST_CHECKPOINT,
+                 json.dumps({'checkpoint': Path(checkpoint_path).name}) + '\n')
 
 
 def recorded_last_checkpoint(result_path):

@@ -10,6 +10,8 @@ import math
 import re
 from pathlib import Path
 
+from utils.atomic import write_atomic
+
 CHECKPOINT_NAME = re.compile(r'^save_(\d+)(?:_(\d+))?\.pth$')
 BEST = 'best.pth'
 
@@ -83,9 +85,7 @@ class BestTracker:
     def saved(self, epoch, video_acc, val_loss=None):
         """Call after best.pth was written for `epoch`."""
         self.best = _epoch_record(epoch, video_acc, val_loss)
-        tmp = self.record.with_suffix('.json.tmp')
-        tmp.write_text(json.dumps(self.best))
-        tmp.replace(self.record)
+        write_atomic(self.record, json.dumps(self.best))
 
 
 def _epoch_record(epoch, video_acc, val_loss):

@@ -9,6 +9,8 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from utils.atomic import atomic_file, atomic_path
+
 # Frames smaller than this (short side) are enlarged in the labelled video so
 # that the label stays readable (the synthetic set's clips are 32x32).
 MIN_SHORT_SIDE = 240
@@ -47,7 +49,7 @@ def write_timeline(path, data):
     line per class, each window's score at its middle, seconds on the x axis."""
     path = str(path)
     if path.endswith('.json'):
-        with open(path, 'w') as f:
+        with atomic_file(path, 'w') as f:
             json.dump(data, f, indent=1)
         return
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
@@ -63,7 +65,8 @@ def write_timeline(path, data):
     ax.set_xlim(0, end if end > 0 else 1)
     ax.set_title(f'{data["video"]}: top classes per window')
     ax.legend(loc='upper right', fontsize=8)
-    fig.savefig(path, format='png')
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format='png')
 
 
 def frame_windows(windows, n_frames):
