@@ -33,7 +33,7 @@ CODECS = {'mp4': ('libx264', {'preset': 'medium', 'crf': '23', 'g': '16'}),
           'avi': ('mpeg4', {'g': '12', 'b': '800k'})}
 
 
-def write_video(path, n_frames, codec, options, seed, size=(240, 320)):
+def write_video(path, n_frames, codec, options, seed, size=(240, 320), pix_fmt='yuv420p'):
     import av
     rng = np.random.default_rng(seed)
     h, w = size
@@ -42,7 +42,7 @@ def write_video(path, n_frames, codec, options, seed, size=(240, 320)):
     noise = rng.integers(-12, 12, (8, h, w, 3), dtype=np.int16)
     with av.open(str(path), 'w') as container:
         stream = container.add_stream(codec, rate=25, options=options)
-        stream.width, stream.height, stream.pix_fmt = w, h, 'yuv420p'
+        stream.width, stream.height, stream.pix_fmt = w, h, pix_fmt
         for f in range(n_frames):
             img = np.clip(np.roll(base, (f, 2 * f), axis=(0, 1)) + noise[f % 8], 0, 255)
             container.mux(stream.encode(av.VideoFrame.from_ndarray(img.astype(np.uint8),
