@@ -33,6 +33,7 @@ import torch
 
 from util_scripts.export import export_onnx
 from util_scripts.model_summary import build
+from utils.atomic import write_atomic
 from utils.cli import Parser
 from utils.onnx_int8 import onnx_session, quantize_onnx_int8
 
@@ -172,9 +173,14 @@ def main(argv=None):
     for name in args.models:
         rows += measure_model(name, args.runtimes, args.threads, args.repeats,
                               clip_shape(name, args.sample_duration, args.sample_size))
-    print(table(rows))
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1))
+    return report(rows, table(rows), args.json)
+
+
+def report(rows, text, json_path):
+    """Prints a benchmark's table and writes its rows to json_path (--json) when given."""
+    print(text)
+    if json_path is not None:
+        write_atomic(json_path, json.dumps(rows, indent=1))
     return rows
 
 

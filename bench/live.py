@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 import live
-from bench.deploy import clip_shape
+from bench.deploy import clip_shape, report
 from dataset import eval_views
 from datasets.live import LiveFrames, source_name
 from datasets.temporal_transforms import clip_span
@@ -217,10 +217,7 @@ def main(argv=None):
         raise SystemExit(2) from None
     finally:
         torch.set_num_threads(threads)
-    print(table(rows))
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1))
-    return rows
+    return report(rows, table(rows), args.json)
 
 
 if __name__ == '__main__':

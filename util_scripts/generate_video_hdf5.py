@@ -24,16 +24,14 @@ import numpy as np
 
 from datasets.formats import HDF5_RGB_KEYS, frame_file_name, frame_numbers
 from utils.atomic import atomic_path
-from utils.cli import Parser
 from utils.errors import DataError
 
-from .generate_video_jpgs import add_frame_options, add_root_arguments, decoder_threads
+from .generate_video_jpgs import decoder_threads, frame_tool_parser, parse_frame_tool_args
 from .utils import (
     contiguous_frames,
     encoded_frames,
     fail,
     list_videos,
-    require_dir,
     run_conversions,
 )
 
@@ -105,22 +103,19 @@ def list_frame_dirs(dir_path, dataset):
 
 
 def build_parser():
-    parser = Parser(
-        description='Pack JPEG frame folders, or decode video files, into '
-        "<dst>/<class>/<video>.hdf5 (dataset 'video', JPEG bytes per frame).")
-    add_root_arguments(parser, 'frame root <class>/<video>/image_*.jpg, or video root '
-                       '<class>/<video>.<ext> (flat for activitynet)', 'hdf5 root (created)')
+    parser = frame_tool_parser('Pack JPEG frame folders, or decode video files, into '
+                               "<dst>/<class>/<video>.hdf5 (dataset 'video', JPEG bytes per frame).",
+                               'frame root <class>/<video>/image_*.jpg, or video root '
+                               '<class>/<video>.<ext> (flat for activitynet)', 'hdf5 root (created)')
     parser.add_argument('--from_video', action='store_true',
                         help='decode the video files (PyAV) even where frame '
                         'folders are found (a dir_path without frame folders is '
                         'decoded anyway); --fps/--size/--quality apply then')
-    add_frame_options(parser)
     return parser
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    require_dir(args.dir_path, 'dir_path', 'give the folder of the videos or of their frames')
+    args = parse_frame_tool_args(build_parser(), argv, 'give the folder of the videos or of their frames')
     jobs, func = make_jobs(args)
     run_conversions(jobs, func, args.n_jobs, processes=True)
 

@@ -74,17 +74,16 @@ def make_jobs(dir_path, dst_path, dataset, fps, size, quality, n_jobs):
              threads) for rel, video in list_videos(dir_path, dataset)]
 
 
-def add_root_arguments(parser, source_help, dst_help):
-    """dir_path, dst_path, dataset and --n_jobs, as generate_video_hdf5 takes them too."""
+def frame_tool_parser(description, source_help, dst_help):
+    """The command line of this tool and generate_video_hdf5: dir_path, dst_path,
+    dataset, --n_jobs and the frame options."""
+    parser = Parser(description=description)
     parser.add_argument('dir_path', type=Path, help=source_help)
     parser.add_argument('dst_path', type=Path, help=dst_help)
     parser.add_argument('dataset', choices=DATASETS,
                         help='dataset name; decides the folder layout')
     parser.add_argument('--n_jobs', type=int, default=-1,
                         help='parallel processes (-1: all cores)')
-
-
-def add_frame_options(parser):
     parser.add_argument('--fps', type=float, default=-1,
                         help='output frame rate (-1: every decoded frame)')
     parser.add_argument('--size', type=int, default=240,
@@ -92,21 +91,24 @@ def add_frame_options(parser):
                         'ratio kept (<= 0: keep the original size)')
     parser.add_argument('--quality', type=int, default=95,
                         help='JPEG quality (1-100)')
-
-
-def build_parser():
-    parser = Parser(
-        description='Extract video frames to <dst>/<class>/<video>/'
-        'image_00001.jpg... (PyAV; no ffmpeg binary needed).')
-    add_root_arguments(parser, 'video root: <class>/<video>.<ext> (flat for activitynet)',
-                       'frame root (created)')
-    add_frame_options(parser)
     return parser
 
 
+def parse_frame_tool_args(parser, argv, source_hint):
+    args = parser.parse_args(argv)
+    require_dir(args.dir_path, 'dir_path', source_hint)
+    return args
+
+
+def build_parser():
+    return frame_tool_parser('Extract video frames to <dst>/<class>/<video>/image_00001.jpg... '
+                             '(PyAV; no ffmpeg binary needed).',
+                             'video root: <class>/<video>.<ext> (flat for activitynet)',
+                             'frame root (created)')
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    require_dir(args.dir_path, 'dir_path', 'give the folder of the videos')
+    args = parse_frame_tool_args(build_parser(), argv, 'give the folder of the videos')
     jobs = make_jobs(args.dir_path, args.dst_path, args.dataset, args.fps,
                      args.size, args.quality, args.n_jobs)
     if not jobs:

@@ -11,11 +11,9 @@ from pathlib import Path
 
 from .utils import (
     add_segments,
-    builder_parser,
     fail,
+    parse_builder_args,
     read_lines,
-    require_dir,
-    require_video_root,
     write_annotation,
 )
 
@@ -53,16 +51,9 @@ def load_split(files):
 
 
 def main(argv=None):
-    parser = builder_parser(
-        'Write hmdb51_{1,2,3}.json from the official HMDB-51 split files and the extracted '
-        'frames.', 'dir_path',
-        'directory with <class>_test_split{1,2,3}.txt (testTrainMulti_7030_splits)',
-        'directory for hmdb51_N.json (created)')
-    args = parser.parse_args(argv)
-
-    require_dir(args.dir_path, 'HMDB-51 split directory',
-                'it should hold brush_hair_test_split1.txt, ...')
-    require_video_root(args.video_path)
+    args = parse_builder_args(argv, __doc__, 'directory with <class>_test_split{1,2,3}.txt '
+                              '(testTrainMulti_7030_splits)', 'directory for hmdb51_N.json (created)',
+                              ('HMDB-51 split directory', 'it should hold brush_hair_test_split1.txt, ...'))
     splits = find_split_files(args.dir_path)
     if not splits:
         fail(f'no <class>_test_split{{1,2,3}}.txt file in {args.dir_path}; '

@@ -11,13 +11,11 @@ from pathlib import Path
 
 from .utils import (
     add_segments,
-    builder_parser,
     fail,
+    parse_builder_args,
     read_lines,
-    require_dir,
     require_file,
     require_known_labels,
-    require_video_root,
     write_annotation,
 )
 
@@ -62,18 +60,11 @@ def convert_split(dir_path, split_index, video_path):
 
 
 def main(argv=None):
-    parser = builder_parser(
-        'Write ucf101_0{1,2,3}.json from the official UCF-101 split files and the extracted '
-        'frames.', 'dir_path',
-        'directory with classInd.txt, trainlist0N.txt, testlist0N.txt (ucfTrainTestlist)',
-        'directory for ucf101_0N.json (created)')
-    args = parser.parse_args(argv)
-
-    require_dir(args.dir_path, 'UCF-101 split directory',
-                'it should hold classInd.txt, trainlist01.txt, ...')
+    args = parse_builder_args(argv, __doc__, 'directory with classInd.txt, trainlist0N.txt, '
+                              'testlist0N.txt (ucfTrainTestlist)', 'directory for ucf101_0N.json (created)',
+                              ('UCF-101 split directory', 'it should hold classInd.txt, trainlist01.txt, ...'))
     require_file(args.dir_path / 'classInd.txt', 'classInd.txt',
                  'give the ucfTrainTestlist directory as dir_path')
-    require_video_root(args.video_path)
 
     done = 0
     for split_index in (1, 2, 3):

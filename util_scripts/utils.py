@@ -68,6 +68,16 @@ def builder_parser(description, lists, lists_help, dst_help):
     return parser
 
 
+def parse_builder_args(argv, doc, lists_help, dst_help, lists_check):
+    """A split-list builder's arguments (builder_parser's, the lists in
+    'dir_path'; its description the first line of ``doc``), the lists' folder
+    (lists_check: what it is, a hint) and the video root checked."""
+    args = builder_parser(doc.split('\n')[0], 'dir_path', lists_help, dst_help).parse_args(argv)
+    require_dir(args.dir_path, *lists_check)
+    require_video_root(args.video_path)
+    return args
+
+
 def require_video_root(path):
     return require_dir(path, 'video_path',
                        'the frames (util_scripts.generate_video_jpgs) or the videos')
