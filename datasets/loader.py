@@ -32,7 +32,7 @@ import torch
 
 from datasets.formats import HDF5_FLOW_KEYS, HDF5_RGB_KEYS, frame_file_name
 from datasets.open_files import OpenFiles
-from datasets.spatial_transforms import DCT_FACTORS
+from datasets.spatial_transforms import DCT_FACTORS, host_empty
 from datasets.video import VideoClipLoader
 from utils.errors import DataError
 
@@ -111,7 +111,7 @@ def decode_frames(data: Sequence, names: Sequence[str], video: str, colorspace: 
     DataError naming the frame."""
     size = size or _header_size(data[0], names[0], video)
     height, width = _scaled(size, factor)
-    out = torch.empty((len(data), height, width, _CHANNELS[colorspace]), dtype=torch.uint8)
+    out = host_empty((len(data), height, width, _CHANNELS[colorspace]))
     slots = out.numpy()
     # min_factor keeps simplejpeg to exactly 1/factor (it would also pick 7/8, 3/4, ...)
     scale = {} if factor == 1 else dict(min_factor=factor, min_height=height, min_width=width)
