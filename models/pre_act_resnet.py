@@ -8,16 +8,17 @@ BN/ReLU before pooling, so its checkpoints' keys match exactly.
 """
 from typing import Optional
 
-import torch
 import torch.nn as nn
 
-from .resnet import ResNet, conv1x1x1, conv3x3x3, get_inplanes, stage_layout
+from .resnet import ResidualBlock, ResNet, conv1x1x1, conv3x3x3, get_inplanes, stage_layout
 
 __all__ = ['PreActBasicBlock', 'PreActBottleneck', 'generate_model']
 
 
-class PreActBasicBlock(nn.Module):
+class PreActBasicBlock(ResidualBlock):
     expansion = 1
+    chain = (('conv1', 'bn1'), ('conv2', 'bn2'))
+    pre_activation = True
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
         super().__init__()
@@ -29,15 +30,12 @@ class PreActBasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.conv1(self.relu(self.bn1(x)))
-        out = self.conv2(self.relu(self.bn2(out)))
-        return out + shortcut
 
 
-class PreActBottleneck(nn.Module):
+class PreActBottleneck(ResidualBlock):
     expansion = 4
+    chain = (('conv1', 'bn1'), ('conv2', 'bn2'), ('conv3', 'bn3'))
+    pre_activation = True
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
         super().__init__()
@@ -50,12 +48,6 @@ class PreActBottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.conv1(self.relu(self.bn1(x)))
-        out = self.conv2(self.relu(self.bn2(out)))
-        out = self.conv3(self.relu(self.bn3(out)))
-        return out + shortcut
 
 
 def generate_model(model_depth: int, *, widen_factor: float = 1.0, **kwargs) -> ResNet:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['ResNet', 'BasicBlock', 'Bottleneck', 'ZeroPadShortcut', 'generate_model', 'get_inplanes',
+__all__ = ['ResNet', 'ResidualBlock', 'BasicBlock', 'Bottleneck', 'ZeroPadShortcut', 'generate_model', 'get_inplanes',
            'STAGE_BLOCKS', 'BOTTLENECK_DEPTHS', 'stage_layout', 'check_depth', 'DepthError']
 
 
@@ -101,8 +101,34 @@ def init_weights(module: nn.Module) -> None:
             nn.init.constant_(m.bias, 0)
 
 
-class BasicBlock(nn.Module):
+class ResidualBlock(nn.Module):
+    """A residual block run from the names of its (conv, BN) pairs, in order
+    (`chain`), so that every ResNet-style block shares one forward: conv -> BN
+    -> ReLU, the last ReLU after the shortcut is added; or, pre-activation,
+    BN -> ReLU -> conv with no ReLU after the addition. Each block registers
+    its layers itself, in its checkpoints' key order."""
+    chain: tuple = ()
+    pre_activation = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = x
+        for i, (conv, bn) in enumerate(self.chain):
+            conv, bn = getattr(self, conv), getattr(self, bn)
+            if self.pre_activation:
+                out = conv(self.relu(bn(out)))
+            else:
+                out = bn(conv(out))
+                out = self.relu(out) if i < len(self.chain) - 1 else out
+        if self.pre_activation:
+            return out + shortcut
+        out += shortcut
+        return self.relu(out)
+
+
+class BasicBlock(ResidualBlock):
     expansion = 1
+    chain = (('conv1', 'bn1'), ('conv2', 'bn2'))
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
         super().__init__()
@@ -113,18 +139,13 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm3d(planes)
         self.downsample = downsample
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += shortcut
-        return self.relu(out)
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(ResidualBlock):
     """1x1x1 conv to mid_planes (default planes), 3x3x3 conv (stride, in `groups` groups),
     1x1x1 conv to planes * expansion. ResNeXt's block sets mid_planes and groups."""
     expansion = 4
+    chain = (('conv1', 'bn1'), ('conv2', 'bn2'), ('conv3', 'bn3'))
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None,
                  mid_planes: Optional[int] = None, groups: int = 1):
@@ -139,13 +160,6 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        out += shortcut
-        return self.relu(out)
 
 
 class ResNet(nn.Module):

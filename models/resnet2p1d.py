@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .resnet import ResNet, conv1x1x1, get_inplanes, stage_layout
+from .resnet import ResidualBlock, ResNet, conv1x1x1, get_inplanes, stage_layout
 
 __all__ = ['ResNet2p1d', 'BasicBlock2p1d', 'Bottleneck2p1d', 'generate_model']
 
@@ -31,8 +31,9 @@ def mid_planes_3x3x3(in_planes: int, out_planes: int) -> int:
     return (in_planes * out_planes * 27) // (in_planes * 9 + 3 * out_planes)
 
 
-class BasicBlock2p1d(nn.Module):
+class BasicBlock2p1d(ResidualBlock):
     expansion = 1
+    chain = (('conv1_s', 'bn1_s'), ('conv1_t', 'bn1_t'), ('conv2_s', 'bn2_s'), ('conv2_t', 'bn2_t'))
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
         super().__init__()
@@ -49,18 +50,11 @@ class BasicBlock2p1d(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1_s(self.conv1_s(x)))
-        out = self.relu(self.bn1_t(self.conv1_t(out)))
-        out = self.relu(self.bn2_s(self.conv2_s(out)))
-        out = self.bn2_t(self.conv2_t(out))
-        out += shortcut
-        return self.relu(out)
 
 
-class Bottleneck2p1d(nn.Module):
+class Bottleneck2p1d(ResidualBlock):
     expansion = 4
+    chain = (('conv1', 'bn1'), ('conv2_s', 'bn2_s'), ('conv2_t', 'bn2_t'), ('conv3', 'bn3'))
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
         super().__init__()
@@ -76,14 +70,6 @@ class Bottleneck2p1d(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2_s(self.conv2_s(out)))
-        out = self.relu(self.bn2_t(self.conv2_t(out)))
-        out = self.bn3(self.conv3(out))
-        out += shortcut
-        return self.relu(out)
 
 
 class ResNet2p1d(ResNet):
