@@ -18,12 +18,10 @@ from dataclasses import dataclass
 
 from opts import option_defaults, parse_opts, save_opts
 from utils.errors import OptionError
+from utils.install_check import check_torchvision
 
 if __name__ == '__main__':
     COMMAND_LINE = parse_opts()
-
-from utils.install_check import check_torchvision
-
 check_torchvision()  # before the imports that need it: one line, not a traceback
 
 import numpy as np
@@ -53,7 +51,7 @@ from utils.mix import MixConfig
 from utils.precision import make_deterministic, refuse_bf16_below_sm80
 from utils.preemption import Preempted, StopRequest, agree_to_stop
 from utils.progress import on_terminal
-from utils.result_folder import ResultFolderLock, claim_result_folder, refuse_or_clear_other_run, remove_unused
+from utils.result_folder import claim_result_folder, refuse_or_clear_other_run, result_folder
 from utils.resumable_data import epoch_seed, restart_seed, start_epoch
 from utils.run_record import RunRecord
 from utils.urls import redact_url
@@ -62,17 +60,9 @@ from validation import describe_validation, val_epoch
 
 def run(opt, ctx):
     """The stages of one process's run."""
-    lock = ResultFolderLock(opt.result_path)  # taken by rank 0 only
-    created = ctx.is_main and not opt.result_path.exists()
-    try:
-        on_main_rank(ctx, lambda: claim_result_folder(opt.result_path, lock))
+    with result_folder(opt.result_path, lambda lock: on_main_rank(  # taken by rank 0 only
+            ctx, lambda: claim_result_folder(opt.result_path, lock))):
         run_stages(opt, ctx)
-    except BaseException:
-        if created and lock.fd is not None:  # a failure at start leaves no folder behind
-            remove_unused(opt.result_path)
-        raise
-    finally:
-        lock.release()
 
 
 @dataclass

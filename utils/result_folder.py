@@ -15,6 +15,7 @@ import shutil
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from utils.atomic import write_atomic
@@ -196,6 +197,25 @@ def set_aside_later_checkpoints(result_path, progress, now=None):
         if (result_path / name).is_file():
             shutil.copy2(result_path / name, folder / name)
     return folder, [p.name for p in moved]
+
+
+@contextmanager
+def result_folder(result_path, claim):
+    """The run's result folder for the length of a ``with``: ``claim(lock)`` takes
+    it (rank 0: claim_result_folder), the lock is released at the end, and a run
+    that fails in a folder it created, before a log or checkpoint is in it, leaves
+    no folder behind (remove_unused)."""
+    lock = ResultFolderLock(result_path)
+    created = not Path(result_path).exists()
+    try:
+        claim(lock)
+        yield
+    except BaseException:
+        if created and lock.fd is not None:  # this process created and holds it
+            remove_unused(result_path)
+        raise
+    finally:
+        lock.release()
 
 
 def remove_unused(result_path) -> bool:
