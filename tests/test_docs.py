@@ -1,14 +1,18 @@
 """The README is an entry page and the manuals live in docs/: every relative
 link (and #anchor, by GitHub's heading slugs) in README.md and docs/*.md
-resolves, every page is reachable from the README, and the README stays short."""
+resolves, every page is reachable from the README, the README stays short, and
+every option its commands give is one their program takes (checked by -h)."""
+import functools
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / 'README.md'] + sorted((ROOT / 'docs').glob('*.md'))
-README_MAX_LINES = 300
+README_MAX_LINES = 150
 LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)')
 HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$')
 
@@ -92,3 +96,61 @@ def test_no_pointer_to_a_missing_data_formats_page():
             if p.resolve() != here and not {'.venv', 'venv', '.git'} & set(p.parts)
             and 'data_formats.md' in p.read_text(errors='replace')]
     assert not hits, f'these name data_formats.md: point them at docs/data.md instead: {hits}'
+
+
+def readme_commands(text):
+    """The commands of the README's bash blocks, continuation lines joined, each
+    split at '&&' and '|'; comments dropped."""
+    blocks = re.findall(r'```bash\n(.*?)```', text, re.S)
+    joined = '\n'.join(blocks).replace('\\\n', ' ')
+    for line in joined.splitlines():
+        line = line.split('#', 1)[0].strip() if not line.lstrip().startswith('#') else ''
+        for part in re.split(r'&&|\|', line):
+            if part.strip():
+                yield part.strip()
+
+
+def program_of(command):
+    """(the -h command of the program a README command runs, its own arguments)."""
+    words = command.split()
+    if words[0] == 'torchrun':
+        script = next(i for i, w in enumerate(words) if w.endswith('.py'))
+        return [sys.executable, words[script], '-h'], words[script + 1:]
+    if words[:2] == ['python', '-m']:
+        return [sys.executable, '-m', words[2], '-h'], words[3:]
+    if words[0] == 'python':
+        return [sys.executable, words[1], '-h'], words[2:]
+    if words[0] == 'pip':
+        return [sys.executable, '-m', 'pip', words[1], '-h'], words[2:]
+    if words[0] == 'tensorboard':
+        return [sys.executable, '-m', 'tensorboard.main', '--helpfull'], words[1:]
+    raise AssertionError(f'the README runs a program this test does not know: {command}')
+
+
+@functools.lru_cache(maxsize=None)
+def help_text(argv):
+    proc = subprocess.run(list(argv), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f'{" ".join(argv)} failed: {proc.stderr[-500:]}'
+    return proc.stdout
+
+
+def test_readme_commands_find_what_they_need():
+    text = (ROOT / 'README.md').read_text()
+    commands = list(readme_commands(text))
+    assert any(c.startswith('python main.py --dataset synthetic') for c in commands)
+    assert any(c.startswith('python -m pytest') for c in commands)
+    for command in commands:
+        if command.startswith('python -m pytest'):
+            continue  # the suite itself
+        argv, args = program_of(command)
+        given = [a.split('=')[0] for a in args if a.startswith('--')]
+        known = help_text(tuple(argv))
+        missing = [o for o in given if not re.search(rf'(?<![\w-]){re.escape(o)}(?![\w-])', known)]
+        assert not missing, f'{command}: {argv[1:-1]} takes no {missing}'
+        for path in (a for a in args if a.endswith('.py') and not a.startswith('-')):
+            assert (ROOT / path).is_file(), f'{command}: no {path}'
+
+
+def test_the_readme_check_sees_an_unknown_option():
+    argv, args = program_of('python predict.py model.pth --no_such_option 3')
+    assert '--no_such_option' not in help_text(tuple(argv)) and args[1] == '--no_such_option'
