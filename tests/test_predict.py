@@ -196,7 +196,7 @@ def test_report_of_a_top_3_result_file_says_top_3(trained, tmp_path, capsys):
     (tmp_path / 'val.json').write_text(json.dumps({'results': top3, 'views': full['views']}))
     report_inference(tmp_path / 'val.json', annotation_path, 'validation')
     printed = capsys.readouterr().out.splitlines()
-    # the lines keep their form (bench/gpu_checks_single.py reads top-1 from them)
+    # the lines keep their form (util_scripts/gpu_checks/single.py reads top-1 from them)
     assert printed[0].startswith('inference top-1 video accuracy on validation: 0.')
     assert printed[1].startswith('inference top-3 video accuracy on validation: 0.')
     assert printed[2].startswith('inference top-5 video accuracy on validation: not in the '

@@ -44,15 +44,15 @@ def registry():
     from util_scripts.gpu_checks import distributed as d
     from util_scripts.gpu_checks import single as s
     from util_scripts.gpu_checks import throughput as t
-    return {**s.QUICK_CHECKS, **t.QUICK_CHECKS, **d.QUICK_CHECKS, **s.CHECKS, **t.CHECKS,
-            **d.CHECKS, **s.TEST_SUITE}
+    checks = {**s.CHECKS, **t.CHECKS, **d.CHECKS}
+    return dict(sorted(checks.items(), key=lambda item: (not item[1].quick, item[0] == 'test_suite')))
 
 
 # ----------------------------------------------------------------------------- child side
 
 def run_child(name, work, cpu, checks):
     """Runs one check in this process and prints its result as the last line."""
-    from util_scripts.gpu_checks_common import Checker, Failed, Skip
+    from util_scripts.gpu_checks.common import Checker, Failed, Skip
     t0 = time.time()
     try:
         figures, status = checks[name].fn(Checker(work, cpu, name)), 'PASS'

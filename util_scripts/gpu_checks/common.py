@@ -41,6 +41,20 @@ class Check:
     quick: bool = False
 
 
+def new_registry():
+    """A module's checks ({name: Check}) and their decorator: @check(budget,
+    proves, gpus=1, quick=False, name=None) adds the function check_<name>, in
+    the order they are defined (gpu_check.registry runs the quick ones first)."""
+    checks = {}
+
+    def check(budget, proves, gpus=1, quick=False, name=None):
+        def add(fn):
+            checks[name or fn.__name__.removeprefix('check_')] = Check(fn, budget, proves, gpus, quick)
+            return fn
+        return add
+    return checks, check
+
+
 class Checker:
     """Runs main.py, torchrun and predict.py in subprocesses on the synthetic set
     (6 classes, 40x40 frames; ResNet-10 on 8x32x32 clips unless a check says)."""

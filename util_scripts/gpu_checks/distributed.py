@@ -1,6 +1,5 @@
 """The GPU self-check's checks on 2 GPUs or more (SKIPped on fewer; on a CPU dry
-run 2 gloo processes stand in). QUICK_CHECKS: the paths no GPU has run yet;
-CHECKS: the rest."""
+run 2 gloo processes stand in)."""
 import json
 import os
 import shutil
@@ -10,7 +9,6 @@ import time
 
 from util_scripts.gpu_checks.common import (
     MAIN,
-    Check,
     Failed,
     Sampler,
     Skip,
@@ -21,12 +19,15 @@ from util_scripts.gpu_checks.common import (
     gpu_processes,
     last_rate,
     max_weight_diff,
+    new_registry,
     ok,
     read_log,
     train_losses,
     wait_for,
 )
 from utils.processes import alive, child_pids, descendants, end_tree, exited
+
+CHECKS, check = new_registry()  # {name: Check} in the order defined, and @check
 
 # cuDNN and cuBLAS pick TF32 kernels by shape (convolutions use TF32 by default):
 # comparisons of 1 and 2 processes turn it off, with --deterministic.
@@ -43,6 +44,8 @@ def no_tf32(c):
     return None if c.cpu else c.env(**NO_TF32)
 
 
+@check(300, '--compile under DDP with accumulation, channels_last, grad checkpointing, '
+       'SyncBatchNorm', gpus=2, quick=True)
 def check_compile_ddp_2gpu(c):
     """--compile under DDP with --accumulation_steps 2 (no_sync), --channels_last,
     --grad_checkpointing and --batchnorm_sync: it trains; graph breaks counted
@@ -63,6 +66,7 @@ def check_compile_ddp_2gpu(c):
             f'clips/s compiled vs {runs["eager"][0]:.0f} eager ({ratio:.2f}x)')
 
 
+@check(120, "--grad_checkpointing with --batchnorm_sync: weights equal to a plain run's", gpus=2, quick=True)
 def check_gradckpt_syncbn_2gpu(c):
     """--grad_checkpointing with --batchnorm_sync on 2 GPUs (SyncBatchNorm's
     all_gathers run again in the recomputed backward): weights equal to the
@@ -82,6 +86,7 @@ def check_gradckpt_syncbn_2gpu(c):
     return f'max difference {params:.2e} (weights), {everything:.2e} (with BatchNorm statistics)'
 
 
+@check(90, '--precise_bn with --batchnorm_sync runs', gpus=2, quick=True)
 def check_precise_bn_syncbn_2gpu(c):
     """--precise_bn with --batchnorm_sync on 2 GPUs: the statistics pass runs and
     validation follows."""
@@ -97,6 +102,7 @@ def check_precise_bn_syncbn_2gpu(c):
             f'{len(rows)} epoch(s)')
 
 
+@check(120, "main.py's own spawner: one CUDA context per GPU", gpus=2, quick=True)
 def check_spawn_2gpu(c):
     """--distributed without a launcher (main.py's mp.spawn) on 2 GPUs: the job
     trains, and each GPU holds one CUDA context of it (processes per GPU)."""
@@ -140,6 +146,7 @@ def check_spawn_2gpu(c):
     return f'trained on 2 processes; processes of the job per GPU: {counts}'
 
 
+@check(150, 'a frozen rank under NCCL: the other exits after --dist_timeout', gpus=2, quick=True)
 def check_dist_timeout_nccl(c):
     """--dist_timeout under NCCL: one rank frozen with SIGSTOP mid-epoch, the other
     exits within about the timeout, with one line."""
@@ -172,6 +179,7 @@ def check_dist_timeout_nccl(c):
 
 # ----------------------------------------------------------------------------- the rest
 
+@check(120, 'SyncBatchNorm on 2 GPUs = 1 GPU on the global batch', gpus=2)
 def check_syncbn_2_vs_1(c):
     """One epoch on the same global batches: 2 GPUs with SyncBatchNorm against 1.
     A small learning rate, so that rounding differences are not amplified."""
@@ -195,6 +203,7 @@ def last_validation(result):
     return tuple(float(rows[-1][k]) for k in ('loss', 'acc', 'clip_acc'))
 
 
+@check(120, 'validation on 2 processes = 1', gpus=2)
 def check_nccl_validation(c):
     """Validation on 1 and 2 processes within 1e-4: --deterministic and
     NVIDIA_TF32_OVERRIDE=0 (cudnn.benchmark and TF32 otherwise choose kernels
@@ -215,6 +224,7 @@ def check_nccl_validation(c):
     return f'loss, video acc, clip acc {one} on 1 and 2 processes (--deterministic, TF32 off)'
 
 
+@check(150, 'one rank fails: the job exits', gpus=2)
 def check_exit_after_rank_failure(c):
     """A video whose frames are corrupt fails on the one rank that loads it;
     the job must exit (not hang in destroy_process_group)."""
@@ -238,6 +248,7 @@ def check_exit_after_rank_failure(c):
     return f'exited {proc.returncode} after {proc.seconds:.0f} s'
 
 
+@check(300, 'bench.ddp_scaling on the GPUs', gpus=2)
 def check_ddp_scaling(c):
     n = 2 if c.cpu else min(c.n_gpus, 8)
     size = ['--model_depth', '10', '--sample_size', '32', '--sample_duration', '8', '--steps',
@@ -247,28 +258,3 @@ def check_ddp_scaling(c):
                     'cpu' if c.cpu else 'cuda', '--nprocs', '1', str(n), '--global_batch',
                     str(8 * n), *size], 900), 'bench.ddp_scaling')
     return ' | '.join(line.strip() for line in out.strip().splitlines()[-3:])
-
-
-QUICK_CHECKS = {
-    'compile_ddp_2gpu': Check(check_compile_ddp_2gpu, 300, '--compile under DDP with '
-                              'accumulation, channels_last, grad checkpointing, SyncBatchNorm',
-                              gpus=2, quick=True),
-    'gradckpt_syncbn_2gpu': Check(check_gradckpt_syncbn_2gpu, 120, '--grad_checkpointing with '
-                                  '--batchnorm_sync: weights equal to a plain run\'s', gpus=2,
-                                  quick=True),
-    'precise_bn_syncbn_2gpu': Check(check_precise_bn_syncbn_2gpu, 90, '--precise_bn with '
-                                    '--batchnorm_sync runs', gpus=2, quick=True),
-    'spawn_2gpu': Check(check_spawn_2gpu, 120, 'main.py\'s own spawner: one CUDA context per GPU',
-                        gpus=2, quick=True),
-    'dist_timeout_nccl': Check(check_dist_timeout_nccl, 150, 'a frozen rank under NCCL: the '
-                               'other exits after --dist_timeout', gpus=2, quick=True),
-}
-
-CHECKS = {
-    'syncbn_2_vs_1': Check(check_syncbn_2_vs_1, 120, 'SyncBatchNorm on 2 GPUs = 1 GPU on the '
-                           'global batch', gpus=2),
-    'nccl_validation': Check(check_nccl_validation, 120, 'validation on 2 processes = 1', gpus=2),
-    'exit_after_rank_failure': Check(check_exit_after_rank_failure, 150, 'one rank fails: the '
-                                     'job exits', gpus=2),
-    'ddp_scaling': Check(check_ddp_scaling, 300, 'bench.ddp_scaling on the GPUs', gpus=2),
-}

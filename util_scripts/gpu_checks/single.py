@@ -1,7 +1,6 @@
 """The GPU self-check's checks on one GPU of what a run does: precision, resume,
 inference, predict.py, torchrun and signals (util_scripts/gpu_check.py runs
-each in a process of its own; the speed checks are in throughput.py).
-QUICK_CHECKS: the GPU-only paths no GPU has run yet; CHECKS: the rest."""
+each in a process of its own; the speed checks are in throughput.py)."""
 import json
 import math
 import os
@@ -15,7 +14,6 @@ import torch
 from util_scripts.gpu_checks.common import (
     MAIN,
     ROOT,
-    Check,
     Failed,
     Skip,
     capability,
@@ -26,6 +24,7 @@ from util_scripts.gpu_checks.common import (
     load_state,
     losses_text,
     max_weight_diff,
+    new_registry,
     ok,
     tail,
     train_losses,
@@ -33,9 +32,13 @@ from util_scripts.gpu_checks.common import (
 )
 from utils.processes import child_pids, end_tree
 
+CHECKS, check = new_registry()  # {name: Check} in the order defined, and @check
+
 DOWN_SCALE = 1024.0  # the GradScaler scale written into a checkpoint to see it restored
 
 
+@check(60, 'fp16 with --clip_grad_norm, mixup/cutmix and --accumulation_steps 2: finite '
+       'losses, a sane GradScaler scale', quick=True)
 def check_fp16_recipe(c):
     """fp16 with --clip_grad_norm (unscaled before clipping), mixup and cutmix,
     and gradient accumulation: the losses stay finite, the scale is sane."""
@@ -54,6 +57,7 @@ def check_fp16_recipe(c):
     return f'losses {losses_text(losses)}, GradScaler scale {scale:g} after {n} epochs'
 
 
+@check(60, 'a mid-epoch fp16 checkpoint resumes with its GradScaler scale', quick=True)
 def check_fp16_midepoch_resume(c):
     """A mid-epoch fp16 checkpoint whose scale is set to 1024 is resumed: the
     resumed epoch ends at that scale (or below it), not at a fresh scaler's
@@ -81,6 +85,8 @@ def check_fp16_midepoch_resume(c):
             f'epoch (uninterrupted run: {uninterrupted:g})')
 
 
+@check(60, '--normalize_on_device on vs off (pinned uint8, non_blocking, '
+       'channels_last_3d): equal loss', quick=True)
 def check_normalize_on_device(c):
     """--normalize_on_device on (uint8 pinned, copied non_blocking, normalized
     into channels_last_3d on the device) against off: the first epoch's loss
@@ -97,6 +103,7 @@ def check_normalize_on_device(c):
     return f'first epoch loss {a:.6f} on the device vs {b:.6f} in the workers ({abs(a - b):.1e})'
 
 
+@check(60, 'three-crop inference on the device: 6 views per video', quick=True)
 def check_three_crop_inference(c):
     """--inference_crop three on the device: 2 clips x 3 crops = 6 views per video."""
     result = c.result_path('three_crop')
@@ -110,6 +117,7 @@ def check_three_crop_inference(c):
     return f'{m.group(1)} videos, 6 views each, top-1 {top1.group(1) if top1 else "?"}'
 
 
+@check(60, 'a mid-epoch resume with --deterministic: equal weights', quick=True)
 def check_deterministic_midepoch_resume(c):
     """--deterministic: resumed from a mid-epoch checkpoint, the epoch ends at the
     uninterrupted run's weights exactly."""
@@ -125,6 +133,7 @@ def check_deterministic_midepoch_resume(c):
     return 'resumed after 5 steps: weights equal to the uninterrupted run (max diff 0)'
 
 
+@check(45, 'predict.py on CUDA scores as on CPU', quick=True)
 def check_predict_cuda(c):
     """predict.py on the GPU scores the test videos as on the CPU (within 1e-3)."""
     ckpt = str(c.trained_checkpoint())
@@ -148,6 +157,7 @@ def check_predict_cuda(c):
     return f'{n} videos on {where}, top-1 labels equal, max |score - CPU score| {diff:.1e}'
 
 
+@check(30, '--amp_dtype bf16 refused in one line below compute capability 8.0', quick=True)
 def check_bf16_below_sm80(c):
     """--amp_dtype bf16 below compute capability 8.0 is refused in one line."""
     if c.cpu:
@@ -174,6 +184,17 @@ def check_amp(c, dtype):
         (f' ({proc.count("Traceback")} tracebacks)' if 'Traceback' in proc else '')
 
 
+@check(90, '--amp bf16 trains, the loss falls')
+def check_amp_bf16(c):
+    return check_amp(c, 'bf16')
+
+
+@check(90, '--amp fp16 (GradScaler) trains')
+def check_amp_fp16(c):
+    return check_amp(c, 'fp16')
+
+
+@check(60, '--channels_last trains')
 def check_channels_last(c):
     result = c.result_path('channels_last')
     epochs = ['--n_epochs', '1'] if c.cpu else []  # args()' 3 on a GPU; on CPU the figures are not read
@@ -182,6 +203,7 @@ def check_channels_last(c):
     return f'losses {losses_text(losses)}, {last_rate(result)[0]:.0f} clips/s'
 
 
+@check(30, "normalisation on the device equals the CPU's")
 def check_device_normalisation(c):
     from datasets.spatial_transforms import NormalizeToInput
     device = torch.device('cpu' if c.cpu else 'cuda')
@@ -195,6 +217,7 @@ def check_device_normalisation(c):
     return f'max |device - cpu| {diff:.2e} on {tuple(expected.shape)}'
 
 
+@check(90, 'GPU memory flat from 2 to 6 epochs')
 def check_memory_flat(c):
     """Peak memory of a 2-epoch run and of a 6-epoch run, in this process (one
     CUDA context): equal when nothing accumulates from epoch to epoch."""
@@ -219,6 +242,7 @@ def check_memory_flat(c):
            f'{retained:.0f} MiB still allocated after both runs'
 
 
+@check(60, 'a bf16 checkpoint resumes under fp16')
 def check_resume_under_fp16(c):
     result = c.result_path('resume_fp16')
     ok(c.main_py(result, '--n_epochs', '1', *c.amp_args('bf16')), 'first epoch')
@@ -229,6 +253,7 @@ def check_resume_under_fp16(c):
     return 'bf16 checkpoint resumed with --amp --amp_dtype fp16'
 
 
+@check(90, 'torchrun with --batchnorm_sync --amp --inference --auto_resume', name='torchrun_1_process')
 def check_torchrun_one_process(c):
     result = c.result_path('torchrun_1')
     extra = ['--batchnorm_sync', '--amp', '--inference', '--auto_resume']
@@ -239,6 +264,7 @@ def check_torchrun_one_process(c):
     return f'trained 1 + 1 epochs, {len(json_results(result / "val.json"))} videos scored'
 
 
+@check(120, 'a killed worker is restarted and resumes')
 def check_elastic_restart(c):
     """torchrun --max-restarts 1: the worker SIGKILLed after epoch 1 is restarted
     and the job resumes and finishes (processes found through /proc)."""
@@ -264,6 +290,7 @@ def check_elastic_restart(c):
     return f'worker killed after epoch 1, job finished {time.time() - t_kill:.0f} s later'
 
 
+@check(90, 'SIGTERM mid-epoch: checkpoint, exit 75, resume')
 def check_stop_signal(c):
     """SIGTERM mid-epoch: a checkpoint, exit code 75, and the same command
     continues from it."""
@@ -290,6 +317,7 @@ def check_stop_signal(c):
     return f'exit {EXIT_PREEMPTED} {stopped:.1f} s after SIGTERM; resumed and finished'
 
 
+@check(120, 'two --deterministic runs: equal weights')
 def check_deterministic_repeat(c):
     """Two identical 1-epoch runs: with --deterministic the weights must be
     equal; without it, the difference is printed (a figure, not a failure)."""
@@ -307,6 +335,7 @@ def check_deterministic_repeat(c):
     return f'max weight difference of two runs: {diffs[False]:.3g} by default, 0 with --deterministic'
 
 
+@check(1800, 'the test suite (CPU)')
 def check_test_suite(c):
     proc = c.run([sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider'], 3600,
                  env=c.env(OMP_NUM_THREADS='2'))
@@ -314,39 +343,3 @@ def check_test_suite(c):
     if proc.returncode != 0:
         raise Failed(f'{summary}: {tail(proc)}')
     return summary
-
-
-
-
-QUICK_CHECKS = {
-    'fp16_recipe': Check(check_fp16_recipe, 60, 'fp16 with --clip_grad_norm, mixup/cutmix and '
-                         '--accumulation_steps 2: finite losses, a sane GradScaler scale', quick=True),
-    'fp16_midepoch_resume': Check(check_fp16_midepoch_resume, 60, 'a mid-epoch fp16 checkpoint '
-                                  'resumes with its GradScaler scale', quick=True),
-    'normalize_on_device': Check(check_normalize_on_device, 60, '--normalize_on_device on vs off '
-                                 '(pinned uint8, non_blocking, channels_last_3d): equal loss', quick=True),
-    'deterministic_midepoch_resume': Check(check_deterministic_midepoch_resume, 60, 'a mid-epoch '
-                                           'resume with --deterministic: equal weights', quick=True),
-    'three_crop_inference': Check(check_three_crop_inference, 60, 'three-crop inference on the '
-                                  'device: 6 views per video', quick=True),
-    'predict_cuda': Check(check_predict_cuda, 45, 'predict.py on CUDA scores as on CPU', quick=True),
-    'bf16_below_sm80': Check(check_bf16_below_sm80, 30, '--amp_dtype bf16 refused in one line '
-                             'below compute capability 8.0', quick=True),
-}
-
-CHECKS = {
-    'amp_bf16': Check(lambda c: check_amp(c, 'bf16'), 90, '--amp bf16 trains, the loss falls'),
-    'amp_fp16': Check(lambda c: check_amp(c, 'fp16'), 90, '--amp fp16 (GradScaler) trains'),
-    'channels_last': Check(check_channels_last, 60, '--channels_last trains'),
-    'device_normalisation': Check(check_device_normalisation, 30, 'normalisation on the device '
-                                  'equals the CPU\'s'),
-    'memory_flat': Check(check_memory_flat, 90, 'GPU memory flat from 2 to 6 epochs'),
-    'resume_under_fp16': Check(check_resume_under_fp16, 60, 'a bf16 checkpoint resumes under fp16'),
-    'torchrun_1_process': Check(check_torchrun_one_process, 90, 'torchrun with --batchnorm_sync '
-                                '--amp --inference --auto_resume'),
-    'elastic_restart': Check(check_elastic_restart, 120, 'a killed worker is restarted and resumes'),
-    'stop_signal': Check(check_stop_signal, 90, 'SIGTERM mid-epoch: checkpoint, exit 75, resume'),
-    'deterministic_repeat': Check(check_deterministic_repeat, 120, 'two --deterministic runs: '
-                                  'equal weights'),
-}
-TEST_SUITE = {'test_suite': Check(check_test_suite, 1800, 'the test suite (CPU)')}

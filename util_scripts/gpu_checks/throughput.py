@@ -1,8 +1,7 @@
 """The GPU self-check's speed checks on one GPU (util_scripts/gpu_check.py runs
 each in a process of its own): --compile against eager, the EMA update's
 cost, GPU utilisation and the data path against the model, and JPEG decoding
-on the device. QUICK_CHECKS: the GPU-only paths no GPU has run yet; CHECKS:
-the rest."""
+on the device."""
 import json
 import re
 import sys
@@ -12,7 +11,6 @@ import torch
 
 from util_scripts.gpu_checks.common import (
     MAIN,
-    Check,
     Failed,
     Sampler,
     count_graph_breaks,
@@ -20,6 +18,7 @@ from util_scripts.gpu_checks.common import (
     finite_losses,
     last_rate,
     losses_text,
+    new_registry,
     ok,
     read_log,
     tail,
@@ -28,35 +27,58 @@ from util_scripts.gpu_checks.common import (
 )
 from utils.processes import end_tree
 
+CHECKS, check = new_registry()  # {name: Check} in the order defined, and @check
 
-def check_compile_1gpu(c):
-    """--compile through main.py: it trains, graph breaks counted; the step's
-    speed against eager from bench.train_throughput (R3D-18 16x112, fp32)."""
-    runs = {}
-    for mode in ('eager', 'compile'):
-        result = c.result_path(mode)
-        flag = ['--compile'] if mode == 'compile' else []
-        proc = ok(c.main_py(result, '--n_epochs', c.epochs(2, on_cpu=1), '--no_val', *flag,
-                            env=c.env(TORCH_LOGS='graph_breaks')), f'{mode} training')
-        finite_losses(result)
-        runs[mode] = (last_rate(result)[0], count_graph_breaks(proc))
-    first = re.search(r'first training step took ([\d.]+) s', proc)
-    model = ['--model', 'resnet-10', '--sample_size', '32', '--sample_duration', '8',
-             '--batch_size', '4', '--steps', '3'] if c.cpu else \
-        ['--model', 'resnet-18', '--sample_size', '112', '--sample_duration', '16',
-         '--batch_size', '16', '--steps', '10']
-    bench = ok(c.run([sys.executable, '-m', 'bench.train_throughput', *model, '--device',
-                      'cpu' if c.cpu else 'cuda', '--configs', 'fp32', 'compile'], 1200),
-               'bench.train_throughput')
-    rates = dict(re.findall(r'^\| (fp32|compile) \| ([\d.]+) \|', bench, re.MULTILINE))
-    if set(rates) != {'fp32', 'compile'}:
-        raise Failed(f'bench.train_throughput: {bench.strip()[-300:]}')
-    step = float(rates['compile']) / float(rates['fp32'])
-    return (f'main.py --compile: {runs["compile"][1]} graph breaks, first step '
-            f'{first.group(1) if first else "?"} s, last epoch at {runs["compile"][0]:.0f} clips/s '
-            f'(eager {runs["eager"][0]:.0f}); training step {" ".join(model[1:2])}: compiled '
-            f'{float(rates["compile"]):.1f} clips/s vs eager {float(rates["fp32"]):.1f} '
-            f'({step:.2f}x)')
+
+def ema_step_rates(c, reps=3, steps=10):
+    """(clips/s without, with update_ema after every step), best of reps."""
+    from util_scripts.model_summary import build
+    from utils.ema import make_ema, update_ema
+    from utils.precision import amp_dtype
+    device = torch.device('cpu' if c.cpu else 'cuda')
+    torch.backends.cudnn.benchmark = True
+    name, shape = ('resnet-10', (4, 3, 8, 32, 32)) if c.cpu else ('resnet-18', (16, 3, 16, 112, 112))
+    model = build(name, 400, 3).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    clips, labels = torch.randn(shape, device=device), torch.randint(400, (shape[0],), device=device)
+    ema = make_ema(model, 0.999)
+
+    def run(with_ema):
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            with torch.autocast(device.type, dtype=amp_dtype(device), enabled=not c.cpu):
+                loss = torch.nn.functional.cross_entropy(model(clips).float(), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if with_ema:
+                update_ema(ema, model)
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        return steps * shape[0] / (time.perf_counter() - t0)
+    run(False), run(True)  # warm-up: cudnn.benchmark's search
+    rates = {False: [], True: []}
+    for _ in range(reps):
+        for with_ema in (False, True):
+            rates[with_ema].append(run(with_ema))
+    return max(rates[False]), max(rates[True]), name, shape
+
+
+@check(60, 'clips/s of the step with and without --ema_decay (FAIL when the update costs '
+       'over 2%)', quick=True)
+def check_ema_cost(c):
+    """Clips/s of the training step without and with the EMA update after it
+    (utils/ema.py, as --ema_decay runs it): an update that costs over 2% of
+    the step's speed is a FAIL."""
+    plain, with_ema, name, shape = ema_step_rates(c, steps=3 if c.cpu else 20)
+    cost = 1 - with_ema / plain
+    text = (f'{name} batch {shape[0]}x{shape[2]}x{shape[3]}: {plain:.1f} clips/s without EMA, '
+            f'{with_ema:.1f} with --ema_decay ({cost:+.1%})')
+    if not c.cpu and cost > 0.02:
+        raise Failed(text + ': the EMA update costs over 2% of the step')
+    return text
 
 
 def utilisation_data(c):
@@ -140,6 +162,8 @@ def model_rate(c):
     return float(m.group(1))
 
 
+@check(150, 'GPU utilisation of R3D-18 16x112x112 with 16 workers; data path vs model '
+       'clips/s', quick=True)
 def check_gpu_utilisation(c):
     """Training R3D-18 16x112x112 (amp, batch 32, 16 workers) on 240x240 JPEG
     frames: GPU utilisation over epochs 2-4, and the data path's clips/s
@@ -233,6 +257,8 @@ def decoded_difference(c, args):
     return (gpu.cpu().int() - cpu.int()).abs().float().mean().item(), device.name
 
 
+@check(120, '--decode_device cuda: GPU decoding equals simplejpeg within 2/255; clips/s vs '
+       'the workers; GPU utilisation')
 def check_gpu_decoding(c):
     """--decode_device cuda: the GPU decoder's clips equal simplejpeg's within
     the decoders' rounding (mean |diff| <= 2 of 255), the training loader's
@@ -268,66 +294,32 @@ def check_gpu_decoding(c):
             f'{args[args.index("--n_threads") + 1]} workers; {util}; {trained}')
 
 
-def ema_step_rates(c, reps=3, steps=10):
-    """(clips/s without, with update_ema after every step), best of reps."""
-    from util_scripts.model_summary import build
-    from utils.ema import make_ema, update_ema
-    from utils.precision import amp_dtype
-    device = torch.device('cpu' if c.cpu else 'cuda')
-    torch.backends.cudnn.benchmark = True
-    name, shape = ('resnet-10', (4, 3, 8, 32, 32)) if c.cpu else ('resnet-18', (16, 3, 16, 112, 112))
-    model = build(name, 400, 3).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    clips, labels = torch.randn(shape, device=device), torch.randint(400, (shape[0],), device=device)
-    ema = make_ema(model, 0.999)
-
-    def run(with_ema):
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            with torch.autocast(device.type, dtype=amp_dtype(device), enabled=not c.cpu):
-                loss = torch.nn.functional.cross_entropy(model(clips).float(), labels)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if with_ema:
-                update_ema(ema, model)
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        return steps * shape[0] / (time.perf_counter() - t0)
-    run(False), run(True)  # warm-up: cudnn.benchmark's search
-    rates = {False: [], True: []}
-    for _ in range(reps):
-        for with_ema in (False, True):
-            rates[with_ema].append(run(with_ema))
-    return max(rates[False]), max(rates[True]), name, shape
-
-
-def check_ema_cost(c):
-    """Clips/s of the training step without and with the EMA update after it
-    (utils/ema.py, as --ema_decay runs it): an update that costs over 2% of
-    the step's speed is a FAIL."""
-    plain, with_ema, name, shape = ema_step_rates(c, steps=3 if c.cpu else 20)
-    cost = 1 - with_ema / plain
-    text = (f'{name} batch {shape[0]}x{shape[2]}x{shape[3]}: {plain:.1f} clips/s without EMA, '
-            f'{with_ema:.1f} with --ema_decay ({cost:+.1%})')
-    if not c.cpu and cost > 0.02:
-        raise Failed(text + ': the EMA update costs over 2% of the step')
-    return text
-
-
-
-QUICK_CHECKS = {
-    'ema_cost': Check(check_ema_cost, 60, 'clips/s of the step with and without --ema_decay '
-                      '(FAIL when the update costs over 2%)', quick=True),
-    'gpu_utilisation': Check(check_gpu_utilisation, 150, 'GPU utilisation of R3D-18 16x112x112 '
-                             'with 16 workers; data path vs model clips/s', quick=True),
-    'compile_1gpu': Check(check_compile_1gpu, 240, '--compile trains; graph breaks; speed vs '
-                          'eager', quick=True),
-}
-
-CHECKS = {
-    'gpu_decoding': Check(check_gpu_decoding, 120, '--decode_device cuda: GPU decoding equals '
-                          'simplejpeg within 2/255; clips/s vs the workers; GPU utilisation'),
-}
+@check(240, '--compile trains; graph breaks; speed vs eager', quick=True)
+def check_compile_1gpu(c):
+    """--compile through main.py: it trains, graph breaks counted; the step's
+    speed against eager from bench.train_throughput (R3D-18 16x112, fp32)."""
+    runs = {}
+    for mode in ('eager', 'compile'):
+        result = c.result_path(mode)
+        flag = ['--compile'] if mode == 'compile' else []
+        proc = ok(c.main_py(result, '--n_epochs', c.epochs(2, on_cpu=1), '--no_val', *flag,
+                            env=c.env(TORCH_LOGS='graph_breaks')), f'{mode} training')
+        finite_losses(result)
+        runs[mode] = (last_rate(result)[0], count_graph_breaks(proc))
+    first = re.search(r'first training step took ([\d.]+) s', proc)
+    model = ['--model', 'resnet-10', '--sample_size', '32', '--sample_duration', '8',
+             '--batch_size', '4', '--steps', '3'] if c.cpu else \
+        ['--model', 'resnet-18', '--sample_size', '112', '--sample_duration', '16',
+         '--batch_size', '16', '--steps', '10']
+    bench = ok(c.run([sys.executable, '-m', 'bench.train_throughput', *model, '--device',
+                      'cpu' if c.cpu else 'cuda', '--configs', 'fp32', 'compile'], 1200),
+               'bench.train_throughput')
+    rates = dict(re.findall(r'^\| (fp32|compile) \| ([\d.]+) \|', bench, re.MULTILINE))
+    if set(rates) != {'fp32', 'compile'}:
+        raise Failed(f'bench.train_throughput: {bench.strip()[-300:]}')
+    step = float(rates['compile']) / float(rates['fp32'])
+    return (f'main.py --compile: {runs["compile"][1]} graph breaks, first step '
+            f'{first.group(1) if first else "?"} s, last epoch at {runs["compile"][0]:.0f} clips/s '
+            f'(eager {runs["eager"][0]:.0f}); training step {" ".join(model[1:2])}: compiled '
+            f'{float(rates["compile"]):.1f} clips/s vs eager {float(rates["fp32"]):.1f} '
+            f'({step:.2f}x)')
