@@ -4,7 +4,7 @@ step by step, against simplejpeg's full decode of the clip's 16 frames.
     python -m bench.jpeg_clip [--videos 8] [--n_frames 160] [--batches 12]
                               [--rounds 5] [--quality 90] [--clock wall|cpu]
 
-Camera-like frames (bench/data_loading.py's photo frames: scikit-image's
+Camera-like frames (bench/loading_frames.py's photo frames: scikit-image's
 photographs panned and zoomed, 320x240, JPEG quality 90, 4:2:0; pip install -r
 requirements-dev.txt) in jpg folders. The training data set as main.py builds
 it for a CPU run (TemporalRandomCrop 16, random resized crop to 112 + flip,
@@ -61,7 +61,7 @@ LABELS = {'full_decode': 'full decode (simplejpeg, 1/1, bytes in memory)', 'read
 
 def write_frames(root: Path, n_videos: int, n_frames: int, quality: int) -> Path:
     """jpg folders of photo frames and their ucf101-style annotation."""
-    from bench.data_loading import encode_photo_jpeg, photo_frames
+    from bench.loading_frames import encode_photo_jpeg, photo_frames
     database = {}
     for v in range(n_videos):
         folder = root / 'jpg' / 'cls' / f'video_{v}'

@@ -5,7 +5,7 @@ what the re-encoding costs in disk size and time.
     python -m bench.reencode [--videos 8] [--n_frames 250] [--clips 48] [--rounds 5]
                              [--gop 16] [--clock wall|cpu]
 
-Sources: camera-like frames (bench/data_loading.py's photo frames, 320x240, 25
+Sources: camera-like frames (bench/loading_frames.py's photo frames, 320x240, 25
 fps) written as H.264 .mp4 with x264's defaults (crf 23, preset medium, a
 keyframe every 250 frames, as a download's); re-encoded with reencode_video
 (--gop, crf 23, preset medium; the short side, 240, is kept). One process, one
@@ -37,7 +37,7 @@ CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 def write_sources(root: Path, n_videos: int, n_frames: int) -> list[Path]:
     import av
 
-    from bench.data_loading import photo_frames
+    from bench.loading_frames import photo_frames
     paths = []
     for v in range(n_videos):
         path = root / 'source' / f'video_{v}.mp4'

@@ -8,7 +8,7 @@ the start-up of a Kinetics-sized shard index.
         [--shard_size 1GB] [--index_videos 650000]
 
 The videos (generated in a temporary folder, 4 classes, a ucf101-style
-annotation): --frame_kind photo, camera-like frames (bench/data_loading.py's
+annotation): --frame_kind photo, camera-like frames (bench/loading_frames.py's
 photo_frames: scikit-image's photographs panned and zoomed; its noise frames
 when scikit-image is missing, and the output says so), written as jpg folders
 (simplejpeg, quality 90 for photo, 95 for noise, 4:2:0 chroma); hdf5 files from
@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 import dataset as data
-from bench.data_loading import FORMATS, QUALITY, disk_mb, encode_photo_jpeg, frames_of, photo_frames
+from bench.loading_frames import FORMATS, QUALITY, disk_mb, encode_photo_jpeg, frames_of, photo_frames
 from datasets import shards
 from datasets.frame_check import check_videos
 from datasets.storage import ShardStore
@@ -102,9 +102,9 @@ ROWS = {  # row: (what, its data, the row whose clips it must equal)
 def frame_kind(asked):
     """(the frames used, a note): photo needs scikit-image, else noise frames."""
     if asked == 'photo' and importlib.util.find_spec('skimage') is None:
-        return 'noise', "scikit-image is missing: bench/data_loading.py's noise frames instead of photo frames"
-    names = {'photo': "camera-like: scikit-image's photographs panned and zoomed (bench/data_loading.py)",
-             'noise': "blocks of colour plus per-pixel noise (bench/data_loading.py's noise frames)"}
+        return 'noise', "scikit-image is missing: bench/loading_frames.py's noise frames instead of photo frames"
+    names = {'photo': "camera-like: scikit-image's photographs panned and zoomed (bench/loading_frames.py)",
+             'noise': "blocks of colour plus per-pixel noise (bench/loading_frames.py's noise frames)"}
     return asked, names[asked]
 
 
