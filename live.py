@@ -23,9 +23,9 @@ import torch
 
 import dataset as data
 from datasets.device_batches import ToDevice
+from datasets.frame_conversion import reduced_size
 from datasets.live import LiveFrames, LiveWindow, eval_plan, source_name
 from datasets.temporal_transforms import clip_span
-from datasets.video import reduced_size
 from datasets.videodataset import make_clips
 from inference import score_views, topk_entries
 

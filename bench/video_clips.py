@@ -177,7 +177,7 @@ def anonymous_mb() -> float:
 
 def write_kinetics_table(folder: Path, n_videos: int) -> None:
     """A FrameTable segment of Kinetics size: 300 frames, 3 keyframes a video."""
-    from datasets.video import FrameIndex
+    from datasets.frame_index import FrameIndex
     from datasets.video_index import _pack_indexes, _write_segment, path_hash
     pts = np.arange(300, dtype=np.int64) * 512
     keys = np.array([0, 100, 200], np.int32)

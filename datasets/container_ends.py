@@ -1,6 +1,6 @@
 """Where a video file's data should end, by the container's own structure: the
 byte-level facts that tell a download cut short from a whole file, for
-datasets/video.py's truncation decision (FFmpeg's demuxers read past a cut
+datasets/cut_videos.py's truncation decision (FFmpeg's demuxers read past a cut
 without a word). One function a container: MP4/MOV boxes, Matroska/WebM (EBML)
 elements, ASF's Data Object, FLV's stated file size, Ogg pages.
 

@@ -109,7 +109,7 @@ def video_kind(path, hdf5_suffixes=HDF5_SUFFIXES) -> str | None:
 def frame_count(path, file_type: str) -> int | None:
     """Frames of one video on disk, numbered as the loaders number them: a jpg
     folder's image_N.jpg files, an hdf5 file's frame dataset (None when it has
-    none), a video file's frames (datasets.video.count_frames: the container's
+    none), a video file's frames (datasets.whole_videos.count_frames: the container's
     count where it is exact, else by decoding).  OSError when the folder or file
     is missing or not of its kind; DataError when a video file does not decode."""
     path = os.fspath(path)
@@ -122,6 +122,6 @@ def frame_count(path, file_type: str) -> int | None:
     if file_type == 'video':
         if not os.path.isfile(path):
             raise FileNotFoundError(errno.ENOENT, 'no such video file', path)
-        from datasets.video import count_frames  # PyAV only for video files
+        from datasets.whole_videos import count_frames  # PyAV only for video files
         return count_frames(path)[0]
     raise ValueError(f'file_type must be one of {FILE_TYPES}, got {file_type!r}')

@@ -34,7 +34,7 @@ from datasets.annotation import VideoRecord
 from datasets.formats import frame_count, frame_file_name
 from datasets.loader import make_loader
 from datasets.temporal_transforms import clip_span
-from datasets.video import check_video_frames, container_frames
+from datasets.whole_videos import check_video_frames, container_frames
 from utils.atomic import write_atomic
 from utils.errors import DataError
 
@@ -180,7 +180,7 @@ def count_short_videos(records, sample_duration: int, t_stride: int = 1) -> int:
 
 def _check_video_file(path: str, needed: int, mode: str, store=None) -> str | None:
     """'last': opens the container.  'all': what the loader finds too
-    (datasets.video.check_video_frames: the file's own index or one demux pass): a
+    (datasets.whole_videos.check_video_frames: the file's own index or one demux pass): a
     file cut short before ``needed`` frames.  The frame count of a whole file is not compared with the segment:
     counts differ between tools (an annotation built from ffmpeg-extracted frames
     may list a frame more) and the loader loop-pads past the real end."""

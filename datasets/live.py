@@ -1,8 +1,8 @@
 """Live sources -- a camera, a network stream, a pipe -- read as they play.
 
 A reader thread decodes the source's frames as they arrive and converts each
-with the video loader's own conversion (datasets/video.frame_array, at the
-scale the eval crop plans: the frames a file of the same video would give),
+with the video loader's own conversion (datasets.frame_conversion.frame_array,
+at the scale the eval crop plans: the frames a file of the same video would give),
 keeping the last ``span`` of them in a ring. Each frame that completes a
 window (every ``stride`` frames) puts the window into a one-slot mailbox. A
 consumer slower than the stream finds only the newest window there: the ones
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from datasets.frame_conversion import frame_array, new_scaler, upright_size
 from datasets.spatial_transforms import DCT_FACTORS
-from datasets.video import frame_array, new_scaler, upright_size
 from datasets.video_stream import only_pictures, video_stream
 from utils.errors import DataError
 from utils.urls import redact_url

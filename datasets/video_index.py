@@ -188,7 +188,7 @@ def load_record_table(annotation_path, subset: str, video_path, dataset: str,
 
 
 # ----------------------------------------------------------------------------- frame indexes
-# What the frame-exact video loader needs of each video (datasets.video.FrameIndex:
+# What the frame-exact video loader needs of each video (datasets.frame_index.FrameIndex:
 # timestamps, keyframes) comes from a demux pass over the whole file; a FrameTable
 # keeps it, so that a clip costs open + seek + at most one GOP of decoding whatever
 # the video's length.
@@ -321,7 +321,7 @@ def _merge(segments: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _unpack(seg: dict[str, np.ndarray], i: int):
-    from datasets.video import FrameIndex
+    from datasets.frame_index import FrameIndex
     n, flags = int(seg['n_frames'][i]), int(seg['flags'][i])
     k0, k1 = int(seg['key_off'][i]), int(seg['key_off'][i + 1])
     if flags & _UNTIMED:

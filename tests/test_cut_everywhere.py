@@ -19,7 +19,8 @@ from datasets import container_ends
 from datasets.annotation import VideoRecord
 from datasets.frame_check import check_videos
 from datasets.storage import ShardStore
-from datasets.video import VideoClipLoader, check_video_frames
+from datasets.video import VideoClipLoader
+from datasets.whole_videos import check_video_frames
 from tests.servers import http_server
 from tests.video_files import grid_clip_codes, write_timed_video
 from util_scripts import make_shards

@@ -15,15 +15,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from datasets.video import (
-    VideoClipLoader,
-    _reformat_is_ffmpegs,
-    frame_array,
-    iter_frames,
-    new_scaler,
-    reduced_size,
-    scaled_size,
-)
+from datasets.frame_conversion import _reformat_is_ffmpegs, frame_array, new_scaler, reduced_size, scaled_size
+from datasets.video import VideoClipLoader
+from datasets.whole_videos import iter_frames
 
 N_FRAMES = 6
 SHORT_SIDE = 30

@@ -20,7 +20,8 @@ import pytest
 from datasets.annotation import VideoRecord
 from datasets.formats import frame_count
 from datasets.frame_check import check_videos
-from datasets.video import VideoClipLoader, scan_frame_index
+from datasets.frame_index import scan_frame_index
+from datasets.video import VideoClipLoader
 from tests.video_files import CORPUS, grid_clip_codes, read_grid_code, write_timed_video
 from utils.errors import DataError
 
@@ -208,9 +209,9 @@ def test_a_cut_copy_gives_its_whole_frames_then_names_the_missing_ones(real_file
 
 def whole_by_its_index(path) -> bool:
     """The frame check's shortcut: the file's own index shows it whole (no demux pass)."""
-    from datasets.video import _whole_by_its_index
+    from datasets.cut_videos import whole_by_its_index
     with av.open(str(path)) as container:
-        return _whole_by_its_index(container, container.streams.video[0])
+        return whole_by_its_index(container, container.streams.video[0])
 
 
 def test_the_frame_check_passes_whole_files_and_flags_every_cut_copy(real_files):

@@ -5,7 +5,8 @@ from fractions import Fraction
 import av
 import pytest
 
-from datasets.video import VideoClipLoader, count_frames
+from datasets.video import VideoClipLoader
+from datasets.whole_videos import count_frames
 from tests.video_files import (
     clip_codes,
     grid_clip_codes,

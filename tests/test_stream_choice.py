@@ -14,14 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datasets.video import (
-    VideoClipLoader,
-    check_video_frames,
-    container_frames,
-    count_frames,
-    read_video,
-)
+from datasets.video import VideoClipLoader, read_video
 from datasets.video_stream import is_attached_picture, video_stream
+from datasets.whole_videos import check_video_frames, container_frames, count_frames
 from tests.video_files import frame_image, frame_level, red_levels
 from utils.errors import DataError
 

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from datasets.video import VideoClipLoader, count_frames, iter_frames, read_video, scaled_size
+from datasets.frame_conversion import scaled_size
+from datasets.video import VideoClipLoader, read_video
+from datasets.whole_videos import count_frames, iter_frames
 from tests.video_files import frame_image, frame_level, red_levels, write_video
 from utils.errors import DataError
 
@@ -243,15 +245,15 @@ def test_a_decoded_clip_is_freed_when_dropped(video40):
 
 
 def test_frames_changing_size_within_a_clip(video40, monkeypatch):
-    import datasets.video as video
-    real, calls = video._to_array, []
+    import datasets.frame_conversion as conversion
+    real, calls = conversion.to_array, []
 
     def second_frame_smaller(frame, *args, **kwargs):
         calls.append(1)
         array = real(frame, *args, **kwargs)
         return array[:-2] if len(calls) == 2 else array
 
-    monkeypatch.setattr(video, '_to_array', second_frame_smaller)
+    monkeypatch.setattr(conversion, 'to_array', second_frame_smaller)
     with pytest.raises(DataError, match=rf'{video40.name}: its frames change size within the '
                                         r'clip \(24x32 and 22x32\)'):
         VideoClipLoader()(video40, [4, 5, 6])

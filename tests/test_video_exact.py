@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from datasets.video import VideoClipLoader, count_frames
+from datasets.video import VideoClipLoader
+from datasets.whole_videos import count_frames
 from tests.video_files import CORPUS, clip_codes, write_corpus_video
 from utils.errors import DataError
 

@@ -89,7 +89,7 @@ def test_data_sets_read_the_table_arrays(tmp_path):
 def scanned_index(path):
     import av
 
-    from datasets.video import scan_frame_index
+    from datasets.frame_index import scan_frame_index
     with av.open(str(path)) as container:
         return scan_frame_index(container, container.streams.video[0])
 

@@ -99,11 +99,12 @@ def test_a_forked_child_never_frees_garbage_it_inherited(tmp_path):
     waited forever for threads the child does not have)."""
     import multiprocessing
 
-    from datasets.video import _OpenVideo, _reformatter, _to_array, _wanted_frames
+    from datasets.frame_conversion import new_scaler, to_array
+    from datasets.video import _OpenVideo, _wanted_frames
     video = _OpenVideo(str(videos(tmp_path, 1)[0]), threads=0)
-    scaler = _reformatter()
+    scaler = new_scaler()
     for _, frame in _wanted_frames(video, [0, 1, 2], {}):
-        _to_array(frame, None, scaler)
+        to_array(frame, None, scaler)
     cycle = [video]
     cycle.append(cycle)
     del video, cycle

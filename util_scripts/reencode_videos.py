@@ -105,7 +105,7 @@ def reencode_video(src, dst, gop: int = 16, short_side: int | None = 320, codec:
     """Writes ``src``'s frames to ``dst`` (see the module's docstring); returns the
     frame count, checked on the written file. DataError naming ``src`` if it cannot
     be read; ``short_side`` None or 0: the frames' size is kept (made even)."""
-    from datasets.video import count_frames
+    from datasets.whole_videos import count_frames
     src = os.fspath(src)
     container, stream = _open_source(src)
     try:
@@ -125,7 +125,7 @@ def _encode(container, stream, src: str, path, short_side, codec: str, options: 
     """Every frame of ``stream`` encoded into ``path``; returns the count."""
     import av
 
-    from datasets.video import frame_array, new_scaler, upright_size
+    from datasets.frame_conversion import frame_array, new_scaler, upright_size
     stream.thread_type = 'AUTO'
     scaler, out, n, last_pts = new_scaler(), None, 0, None
     try:

@@ -20,7 +20,7 @@ from datasets.formats import (
     frame_numbers,
     video_files,
 )
-from datasets.video import count_frames, iter_frames
+from datasets.whole_videos import count_frames, iter_frames
 from utils.atomic import atomic_file
 from utils.cli import Parser
 from utils.errors import DataError
@@ -222,7 +222,7 @@ def find_video_file(base, listings=None):
 def video_file_segment(path):
     """(segment, problem, how): 0-based [0, n] as for hdf5 (frame p is the
     p-th decoded frame); how says whether n came from the container header
-    or from decoding (datasets.video.count_frames)."""
+    or from decoding (datasets.whole_videos.count_frames)."""
     try:
         n, how = count_frames(path)
     except DataError:
