@@ -80,11 +80,10 @@ def ours_full():
     return clip
 
 
-def ours_every_frame():
-    """Ours decoding every frame before the clip (the loader before it skipped the
-    non-reference pictures of H.264/HEVC): --peers 'ours, every frame decoded'."""
+def decoding_every_frame(ours):
+    """``ours`` (a clip function of our loader) decoding every frame before the clip,
+    as the loader did before it skipped the non-reference pictures of H.264/HEVC."""
     from datasets import video
-    ours = ours_full()
 
     def clip(path, positions):
         skips, video._SKIPS_NONREF = video._SKIPS_NONREF, ()
@@ -93,6 +92,11 @@ def ours_every_frame():
         finally:
             video._SKIPS_NONREF = skips
     return clip
+
+
+def ours_every_frame():
+    """--peers 'ours, every frame decoded' on full-size clips."""
+    return decoding_every_frame(ours_full())
 
 
 def torchcodec_full():
@@ -164,17 +168,7 @@ def training_path(full: Callable, ours: bool, name: str = 'ours') -> Callable:
                 return transform.augment(encoded.decode(factor), plan, factor)
             finally:
                 loader.close()
-        if name == 'ours, every frame decoded':
-            from datasets import video
-
-            def every_frame(path, positions):
-                skips, video._SKIPS_NONREF = video._SKIPS_NONREF, ()
-                try:
-                    return clip(path, positions)
-                finally:
-                    video._SKIPS_NONREF = skips
-            return every_frame
-        return clip
+        return decoding_every_frame(clip) if name == 'ours, every frame decoded' else clip
     steps = v2.Compose([v2.Resize(128, antialias=True), v2.RandomCrop(112),
                         v2.RandomHorizontalFlip()])
     return lambda path, positions: steps(full(path, positions))

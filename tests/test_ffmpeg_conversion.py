@@ -151,14 +151,8 @@ def ffmpeg_rgb(frames, chain: str = 'format=rgb24') -> list[np.ndarray]:
                      pix_fmt=first.format.name, time_base=str(first.time_base or Fraction(1, 25)),
                      pixel_aspect='1/1', colorspace=str(int(first.colorspace)),
                      range=str(int(first.color_range)))
-    for part in chain.split(','):
-        name, _, args = part.partition('=')
-        node = graph.add(name, args or None)
-        last.link_to(node)
-        last = node
-    sink = graph.add('buffersink')
-    last.link_to(sink)
-    graph.configure()
+    filters = [graph.add(name, args or None) for name, _, args in (p.partition('=') for p in chain.split(','))]
+    graph.link_nodes(last, *filters, graph.add('buffersink')).configure()  # PyAV's own chaining
     out = []
     for frame in frames:
         graph.push(frame)
