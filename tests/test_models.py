@@ -215,7 +215,9 @@ HEAVY_MODELS = {'r3d_18', 'mc3_18', 'r2plus1d_18', 's3d', 'swin3d_t', 'resnext-5
                                   for n in sorted(SMALL_MODELS)])
 def test_small_clip_forward(name):
     """8x32x32 clips (stages shrink T to 1) give (N, n_classes) logits; channels_last_3d gives
-    the same result as contiguous input; bf16 autocast works."""
+    the same result as contiguous input; bf16 autocast works, on one 8x16x16 clip (s3d's
+    pooling needs 32): a CPU without bf16 instructions takes 8 s an 8x32x32 clip through
+    a full-width network, 50 times fp32's time."""
     torch.manual_seed(0)
     model = SMALL_MODELS[name](n_classes=5).eval()
     x = torch.randn(2, 3, 8, 32, 32)
@@ -225,8 +227,8 @@ def test_small_clip_forward(name):
         out_cl = model.to(memory_format=torch.channels_last_3d)(x.to(memory_format=torch.channels_last_3d))
         torch.testing.assert_close(out_cl, out, rtol=1e-4, atol=1e-4 * out.abs().max().item())
         with torch.autocast('cpu', dtype=torch.bfloat16):
-            out_bf16 = model(x)
-    assert out_bf16.shape == (2, 5) and torch.isfinite(out_bf16.float()).all()
+            out_bf16 = model(x[:1] if name == 's3d' else x[:1, :, :, :16, :16])
+    assert out_bf16.shape == (1, 5) and torch.isfinite(out_bf16.float()).all()
 
 
 def test_training_step_updates_all_parameters():

@@ -150,10 +150,12 @@ def data_path_rate(args):
 
 def model_rate(c):
     """Clips/s of the training step alone (bench.train_throughput, amp)."""
+    # On CPU amp is bf16, 50 times slower than fp32 without bf16 instructions (AVX2): a
+    # dry run times one step of 2 clips (batch 8, 3 steps: 100 s of the check's 114).
     model = ['--model', 'resnet-18', '--sample_size', '112', '--sample_duration', '16',
              '--batch_size', '32', '--steps', '10'] if not c.cpu else \
         ['--model', 'resnet-10', '--sample_size', '32', '--sample_duration', '8',
-         '--batch_size', '8', '--steps', '3']
+         '--batch_size', '2', '--steps', '1', '--warmup', '1']
     out = ok(c.run([sys.executable, '-m', 'bench.train_throughput', *model, '--device',
                     'cpu' if c.cpu else 'cuda', '--configs', 'amp'], 600), 'bench.train_throughput')
     m = re.search(r'^\| amp \| ([\d.]+) \|', out, re.MULTILINE)
