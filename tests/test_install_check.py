@@ -31,8 +31,8 @@ def test_a_broken_torchvision_is_one_line(tmp_path, entry):
     fake.mkdir()  # raises as a torchvision built for another torch does, at import
     (fake / '__init__.py').write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    proc = subprocess.run([sys.executable, str(ROOT / entry[0]), *entry[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, str(ROOT / entry[0]), *entry[1:]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count('\n') == 1 and 'Traceback' not in proc.stderr
     assert proc.stderr.startswith('error: torchvision ') and 'operator torchvision::nms' in proc.stderr
