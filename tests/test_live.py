@@ -175,8 +175,9 @@ def test_a_model_slower_than_the_stream_skips_windows_with_bounded_latency(check
     assert lines[-1]['skipped'] > 0.5 * len(lines)
     # a window waits at most until the next one replaces it, or (the last one)
     # until the model is free; the margins allow a loaded machine's hiccups, while
-    # a queue (every window served in turn) would lag by seconds at the end
-    margin = 1.0  # a loaded full suite here: the last window 1.21 s (bound 2 x 0.25 s)
+    # a queue (every window served in turn) would lag by 47 x (0.25 - 0.08) = 8 s at
+    # the end. Loaded full suites here: 1.21 s, and 1.43 s at the 95th percentile
+    margin = 3.0
     assert np.percentile(latencies[:-1], 95) < stride_s + per_window + margin
     assert latencies.max() < 2 * per_window + margin
     half = len(latencies) // 2
