@@ -7,14 +7,18 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+from fractions import Fraction
 from pathlib import Path
 
+import av
 import h5py
 import pytest
 
-from datasets import shards
+from datasets import shards, storage
 from datasets.shards import ShardIndex
-from tests.video_files import videos_from_jpgs, write_video
+from datasets.video import VideoClipLoader
+from tests.video_files import clip_codes, videos_from_jpgs, write_coded_video, write_timed_video, write_video
 from util_scripts import make_shards
 from util_scripts.generate_video_hdf5 import pack_frames
 
@@ -356,3 +360,102 @@ def test_command_line(data, jpg_out, tmp_path):
     assert contents(tmp_path / 'out') == contents(jpg_out)
     done = subprocess.run(command + ['--workers', 'x'], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and done.stderr.startswith('error: ') and done.stderr.count('\n') == 1
+
+
+# ---------------------------------------------------------------- --reencode
+
+REENCODED = {'grow/a': ('.mp4', 'libx264', 13), 'grow/b': ('.avi', 'mpeg4', 9), 'shrink/c': ('.mkv', 'libx264', 11)}
+
+
+@pytest.fixture(scope='module')
+def coded(tmp_path_factory):
+    """(annotation, video root) of three code_image videos, a keyframe only at the start
+    (gop 250), one of them .avi, plus an undecodable shrink/garbage.mp4."""
+    root = tmp_path_factory.mktemp('coded')
+    for rel, (suffix, codec, n) in REENCODED.items():
+        write_coded_video(root / 'videos' / f'{rel}{suffix}', codec, n, gop=250)
+    (root / 'videos' / 'shrink' / 'garbage.mp4').write_bytes(bytes(range(256)) * 16)
+    database = {rel.split('/')[1]: {'subset': 'training', 'annotations': {'label': rel.split('/')[0],
+                                                                          'segment': [0, 8]}}
+                for rel in [*REENCODED, 'shrink/garbage']}
+    (root / 'ann.json').write_text(json.dumps({'labels': ['grow', 'shrink'], 'database': database}))
+    return root / 'ann.json', root / 'videos'
+
+
+def reencode_run(coded, out, *extra):
+    return run(*coded, out, '--file_type', 'video', '--reencode', '--shard_size', '20KB', *extra)
+
+
+@pytest.fixture(scope='module')
+def gop4_out(coded, tmp_path_factory):
+    """--reencode --gop 4; the temporary files in a folder of their own (checked empty)."""
+    out = tmp_path_factory.mktemp('gop4') / 'shards'
+    temp = out.parent / 'temp'
+    temp.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, 'tempdir', str(temp))
+        code, message = reencode_run(coded, out, '--gop', '4')
+    assert code == 1 and message.startswith('error: 1 video(s) could not be read'), message
+    assert os.listdir(temp) == []
+    return out
+
+
+def test_reencode_keeps_every_frame_with_a_keyframe_every_gop(coded, gop4_out, capsys):
+    store = storage.open_shards(gop4_out)
+    index = store.index()
+    assert index.file_type == 'video' and list(index.paths) == list(REENCODED)
+    assert len(index.shard_names) > 1
+    for rel, (_, _, n) in REENCODED.items():
+        e = index.entry(rel)
+        assert e.ext == 'mp4' and e.n_frames == n
+        assert json.loads(member(gop4_out, index, rel, meta=True))['n_frames'] == n
+        clip = VideoClipLoader(threads=1, store=store)(rel, list(range(n)))  # as training reads it
+        assert clip_codes(clip) == list(range(n))
+        with av.open(io.BytesIO(member(gop4_out, index, rel))) as container:
+            keys = [i for i, f in enumerate(container.decode(video=0)) if f.key_frame]
+        assert keys[0] == 0 and max(b - a for a, b in zip(keys, keys[1:] + [n])) <= 4, keys
+
+
+def test_reencode_names_a_video_it_cannot_encode(coded, tmp_path, capsys):
+    code, message = reencode_run(coded, tmp_path / 'out', '--workers', '2')
+    err = capsys.readouterr().err
+    assert code == 1 and message.startswith('error: 1 video(s) could not be read'), message
+    assert '  shrink/garbage: ' in err and 'garbage.mp4' in err, err
+    assert len(ShardIndex.load(tmp_path / 'out')) == 3
+
+
+@pytest.mark.parametrize('extra, named', [
+    (['--file_type', 'jpg', '--reencode'], ['--reencode', '--file_type video']),
+    (['--file_type', 'video', '--reencode', '--gop', '0'], ['--gop 0']),
+    (['--file_type', 'video', '--reencode', '--codec', 'nonsense'], ['--codec nonsense']),
+    (['--file_type', 'video', '--gop', '8'], ['--gop', 'without --reencode'])])
+def test_reencode_option_errors(coded, tmp_path, capsys, extra, named):
+    with pytest.raises(SystemExit) as e:
+        make_shards.main([*map(str, coded), str(tmp_path / 'out'), '--dataset', 'ucf101', *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith('error: ') and err.count('\n') == 1, err
+    assert all(n in err for n in named), err
+    assert not (tmp_path / 'out').exists()
+
+
+def test_reencode_rerun_takes_up_shards_of_the_same_settings_only(coded, gop4_out, tmp_path, capsys):
+    out = tmp_path / 'out'
+    shutil.copytree(gop4_out, out)
+    names = [n for n in os.listdir(out) if n.endswith('.tar')]
+    before = stats(out, names)
+    assert reencode_run(coded, out, '--gop', '4')[0] == 1
+    assert 'taking up' in capsys.readouterr().out and stats(out, names) == before
+    assert contents(out) == contents(gop4_out)
+    assert reencode_run(coded, out, '--gop', '8')[0] == 1
+    assert 'taking up' not in capsys.readouterr().out
+    assert all(stats(out, [n])[n] != before[n] for n in names)
+
+
+def test_reencode_same_bytes_with_two_workers(coded, gop4_out, tmp_path):
+    """Also on another machine: x264 encodes on one thread, as its bytes depend on the
+    thread count (its own choice for 160x128 frames is 2 threads on 2 cores)."""
+    assert reencode_run(coded, tmp_path / 'out', '--gop', '4', '--workers', '2')[0] == 1
+    assert contents(tmp_path / 'out') == contents(gop4_out)
+    src = write_timed_video(tmp_path / 'big.mp4', 'libx264', list(range(6)), Fraction(1, 25), size=(160, 128))
+    payload, n = make_shards.reencoded_payload(str(src), dict(gop=4, short_side=None, codec='libx264', crf=23))
+    assert n == 6 and b' threads=1 ' in payload  # the settings x264 writes into the stream

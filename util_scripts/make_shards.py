@@ -5,6 +5,7 @@ HTTP or S3.
 python -m util_scripts.make_shards ANNOTATION VIDEO_ROOT OUT --file_type jpg|hdf5|video
     [--dataset kinetics|ucf101|hmdb51|mit|activitynet|synthetic] [--shard_size 1GB]
     [--workers N] [--no_progress]
+    [--reencode [--gop 16] [--short_side 320] [--codec libx264] [--crf 23]]
 
 Every video that an entry of ANNOTATION names (all subsets; a video named by
 several entries, as ActivityNet's segments are, once) is read from VIDEO_ROOT as
@@ -17,6 +18,15 @@ KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024), then OUT/index.json and
 OUT/index.npz written.  The same input gives byte-identical files, whatever
 --workers (the processes that read and pack the videos; the order is kept).
 
+--reencode (with --file_type video): each video is re-encoded, in the worker, as
+util_scripts/reencode_videos re-encodes it (a keyframe every --gop frames, the
+short side at most --short_side, 0: kept; --codec, --crf; every frame kept in
+order, its count checked) into a temporary file (removed after) and its bytes
+stored as <KEY>.mp4, with the re-encoded frame count.  The encoder runs on one
+thread, as x264's bytes depend on its thread count: the shards are the same on
+every machine.  A video that cannot be re-encoded is left out like an unreadable
+one.
+
 Each shard is written as shard-NNNNNN.tar.tmp and renamed when complete; after
 each one OUT/.make_shards.json records the finished shards (name, size, sha256)
 and the videos left out so far.  Run the same command again after an
@@ -24,7 +34,8 @@ interruption: the finished shards whose sha256 still matches are kept as they
 are and the run goes on with the next; a video left out before that is tried
 again, and if it can now be read the shards from its position on are rewritten.
 The shards are not compared with the videos again: after changing videos
-(not the annotation, which is compared), delete OUT first.
+(not the annotation or the --reencode settings, which are compared), delete OUT
+first.
 
 A video that cannot be read (missing, no frames, a gap in its frames, an
 unreadable hdf5 file, a video file whose frames cannot be counted, an entry
@@ -40,14 +51,16 @@ import json
 import os
 import re
 import sys
+import tempfile
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from utils.cli import Parser
 
 DATASETS = ('kinetics', 'ucf101', 'hmdb51', 'mit', 'activitynet', 'synthetic')
+REENCODE_OPTIONS = (('gop', int, 16), ('short_side', int, 320), ('codec', str, 'libx264'), ('crf', int, 23))
 _SIZE = re.compile(r'^\s*(\d+(?:\.\d*)?)\s*(?:([kmgt])(i?)b?|b)?\s*$', re.IGNORECASE)
 
 
@@ -82,9 +95,22 @@ def parse_args(argv):
     p.add_argument('--workers', type=int, default=1,
                    help='processes reading and packing the videos')
     p.add_argument('--no_progress', action='store_true', help='no progress bar on stderr')
+    p.add_argument('--reencode', action='store_true',
+                   help='re-encode each video (--file_type video) as util_scripts.reencode_videos does')
+    for option, kind, default in REENCODE_OPTIONS:
+        p.add_argument(f'--{option}', type=kind,
+                       help=f"with --reencode: reencode_videos' --{option} (default {default})")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error(f'--workers must be at least 1, got {args.workers}')
+    given = [f'--{o}' for o, _, _ in REENCODE_OPTIONS if getattr(args, o) is not None]
+    if args.reencode and args.file_type != 'video':
+        p.error(f'--reencode re-encodes video files: it needs --file_type video, not {args.file_type}')
+    if given and not args.reencode:
+        p.error(f'{", ".join(given)} given without --reencode: add --reencode, or leave them out')
+    for option, _, default in REENCODE_OPTIONS:
+        if getattr(args, option) is None:
+            setattr(args, option, default)
     if not args.annotation.is_file():
         p.error(f'annotation file {args.annotation} not found')
     if not args.video_root.is_dir():
@@ -105,9 +131,10 @@ from datasets import shards
 from datasets.annotation import SUBSETS, load_annotations, read_annotation
 from datasets.formats import HDF5_RGB_KEYS, frame_count, frame_file_name, frame_numbers
 from utils.atomic import write_atomic
-from utils.errors import DataError
+from utils.errors import DataError, OptionError
 from utils.progress import on_terminal
 
+from .reencode_videos import check_options, reencode_video
 from .utils import contiguous_frames, fail
 
 PAYLOAD_TYPES = {'jpg': 'hdf5', 'hdf5': 'hdf5', 'video': 'video'}  # input file_type -> the payloads'
@@ -209,10 +236,21 @@ def jpg_payload(folder):
     return hdf5_image(frames), n
 
 
+def reencoded_payload(source, reencode):
+    """(bytes, n_frames) of ``source`` re-encoded with the settings ``reencode``, through
+    a temporary folder that is removed whatever happens; DataError naming ``source``."""
+    with tempfile.TemporaryDirectory(prefix='make_shards-') as folder:
+        path = os.path.join(folder, 'video.mp4')
+        n = reencode_video(source, path, threads=1, **reencode)  # one thread: the same bytes anywhere
+        with open(path, 'rb') as f:
+            return f.read(), n
+
+
 def prepare(job):
     """(payload bytes or None: copy the source, its size, n_frames, None) of one video,
-    or (None, 0, 0, why it cannot be read).  Runs in the worker processes."""
-    source, file_type = job
+    or (None, 0, 0, why it cannot be read).  Runs in the worker processes.  ``job``:
+    (source, file_type, the --reencode settings or None)."""
+    source, file_type, reencode = job
     try:
         if file_type == 'jpg':
             result = jpg_payload(source)
@@ -221,6 +259,9 @@ def prepare(job):
             return result[0], len(result[0]), result[1], None
         if not os.path.isfile(source):
             return None, 0, 0, f'missing ({source})'
+        if reencode is not None:
+            payload, n = reencoded_payload(source, reencode)
+            return payload, len(payload), n, None
         n = frame_count(source, file_type)
         if not n:
             return None, 0, 0, 'no frames' if n == 0 else "no 'video' dataset"
@@ -231,18 +272,18 @@ def prepare(job):
         return None, 0, 0, str(e) or type(e).__name__
 
 
-def prepared(videos, start, workers, file_type):
+def prepared(videos, start, workers, file_type, reencode=None):
     """(position, video, prepare's result) from ``start`` on, in order; ``workers``
     processes, at most WINDOW per worker ahead of the writer."""
     jobs = ((i, videos[i]) for i in range(start, len(videos)))
     if workers == 1:
         for i, video in jobs:
-            yield i, video, prepare((video.source, file_type))
+            yield i, video, prepare((video.source, file_type, reencode))
         return
     with Pool(workers) as pool:
         window = deque()
         for i, video in jobs:
-            window.append((i, video, pool.apply_async(prepare, ((video.source, file_type),))))
+            window.append((i, video, pool.apply_async(prepare, ((video.source, file_type, reencode),))))
             if len(window) >= WINDOW * workers:
                 i, video, result = window.popleft()
                 yield i, video, result.get()
@@ -317,10 +358,11 @@ def save_progress(out, progress):
     write_atomic(out / shards.PROGRESS_NAME, (json.dumps(progress, sort_keys=True, indent=1) + '\n').encode())
 
 
-def fingerprint(videos, file_type, shard_size):
+def fingerprint(videos, file_type, shard_size, reencode=None):
     """What the shards depend on besides the videos' bytes: a finished shard of a run
     with another fingerprint is not taken up."""
     plan = {'version': shards.VERSION, 'file_type': file_type, 'shard_size': shard_size,
+            **({'reencode': reencode} if reencode is not None else {}),  # absent: earlier runs' fingerprints hold
             'videos': [[v.rel, v.ext, v.label, list(v.subsets)] for v in videos]}
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
@@ -338,12 +380,12 @@ def read_progress(out, print_fn=print):
         return None
 
 
-def resume_point(out, videos, file_type, shard_size, print_fn=print):
+def resume_point(out, videos, file_type, shard_size, reencode=None, print_fn=print):
     """(kept shard entries, their rows, failures [(position, name, why)], next position)
     from OUT's progress file: the leading finished shards whose size and sha256 still
     match, cut before the first earlier failure that can now be read."""
     progress = read_progress(out, print_fn)
-    if not progress or progress.get('fingerprint') != fingerprint(videos, file_type, shard_size):
+    if not progress or progress.get('fingerprint') != fingerprint(videos, file_type, shard_size, reencode):
         return [], [], [], 0
     kept = []
     for entry in progress['shards']:
@@ -355,7 +397,7 @@ def resume_point(out, videos, file_type, shard_size, print_fn=print):
     nxt = kept[-1]['next'] if kept else 0
     failures = [tuple(f) for f in progress['failures'] if f[0] < nxt]
     for position, name, _ in failures:
-        if prepare((videos[position].source, file_type))[3] is None:
+        if prepare((videos[position].source, file_type, reencode))[3] is None:
             print_fn(f'{name} can be read now: writing the shards from its position on again')
             kept = [e for e in kept if e['next'] <= position]
             nxt = kept[-1]['next'] if kept else 0
@@ -378,10 +420,11 @@ class Run:
     shards: list
     rows: list
     failures: list  # (position, name, why)
+    reencode: dict | None = None  # reencode_video's settings
 
     def progress(self, nxt):
         return {'format': 'make-shards-progress', 'shard_size': self.shard_size,
-                'fingerprint': fingerprint(self.videos, self.file_type, self.shard_size),
+                'fingerprint': fingerprint(self.videos, self.file_type, self.shard_size, self.reencode),
                 'shards': self.shards, 'failures': [list(f) for f in self.failures], 'next': nxt}
 
     def finish(self, writer, nxt):
@@ -397,7 +440,8 @@ def write_shards(run, start, workers, bar):
     payload_type = PAYLOAD_TYPES[run.file_type]
     writer = None
     try:
-        for position, video, (payload, size, n_frames, error) in prepared(run.videos, start, workers, run.file_type):
+        results = prepared(run.videos, start, workers, run.file_type, run.reencode)
+        for position, video, (payload, size, n_frames, error) in results:
             bar.update(1)
             if error is not None:
                 run.failures.append((position, video.rel, error))
@@ -451,17 +495,26 @@ def report(run, early_failures):
 
 def main(argv=None, command_line=None):
     args = command_line if command_line is not None else parse_args(argv)
+    reencode = None
+    if args.reencode:
+        reencode = dict(gop=args.gop, short_side=args.short_side or None, codec=args.codec, crf=args.crf)
+        try:
+            check_options(**reencode)
+        except OptionError as e:
+            usage_error(str(e))
     try:
         videos, early_failures = collect_videos(args.annotation, args.video_root, args.dataset, args.file_type)
     except DataError as e:
         usage_error(str(e))
+    if reencode is not None:
+        videos = [replace(v, ext='mp4') for v in videos]
     args.out.mkdir(parents=True, exist_ok=True)
-    kept, rows, failures, start = resume_point(args.out, videos, args.file_type, args.shard_size)
+    kept, rows, failures, start = resume_point(args.out, videos, args.file_type, args.shard_size, reencode)
     if kept:
         print(f'taking up {len(kept)} finished shard(s) of an earlier run ({start} of {len(videos)} videos done)')
     if start < len(videos):
         remove_index(args.out)
-    run = Run(args.out, videos, args.file_type, args.shard_size, kept, rows, failures)
+    run = Run(args.out, videos, args.file_type, args.shard_size, kept, rows, failures, reencode)
     with tqdm(total=len(videos), initial=start, unit='video', disable=args.no_progress or not on_terminal(),
               file=sys.stderr, mininterval=1.0) as bar:
         try:

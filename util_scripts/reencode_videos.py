@@ -89,8 +89,10 @@ def _open_source(src: str):
     return container, stream
 
 
-def _encoder_options(codec: str, gop: int, crf: int, preset: str) -> dict:
+def _encoder_options(codec: str, gop: int, crf: int, preset: str, threads: int | None = None) -> dict:
     options = {'g': str(gop)}
+    if threads:
+        options['threads'] = str(threads)  # x264's bytes depend on its thread count
     if codec in CRF_CODECS:
         options['crf'] = str(crf)
     if codec == 'libvpx-vp9':
@@ -101,17 +103,20 @@ def _encoder_options(codec: str, gop: int, crf: int, preset: str) -> dict:
 
 
 def reencode_video(src, dst, gop: int = 16, short_side: int | None = 320, codec: str = 'libx264',
-                   crf: int = 23, preset: str = 'medium') -> int:
+                   crf: int = 23, preset: str = 'medium', threads: int | None = None) -> int:
     """Writes ``src``'s frames to ``dst`` (see the module's docstring); returns the
     frame count, checked on the written file. DataError naming ``src`` if it cannot
-    be read; ``short_side`` None or 0: the frames' size is kept (made even)."""
+    be read; ``short_side`` None or 0: the frames' size is kept (made even).
+    ``threads``: encoder threads (None: FFmpeg's choice, one per core or so); the
+    bytes written can differ between thread counts, so give a fixed one (1) for
+    the same bytes on every machine."""
     from datasets.whole_videos import count_frames
     src = os.fspath(src)
     container, stream = _open_source(src)
     try:
         with atomic_path(dst) as tmp:  # removed on an error: a file in DST is whole
             n = _encode(container, stream, src, tmp, short_side,
-                        codec, _encoder_options(codec, gop, crf, preset))
+                        codec, _encoder_options(codec, gop, crf, preset, threads))
             written, _ = count_frames(tmp)
             if written != n:
                 raise DataError(f'video file {src}: {n} frames decoded but {written} written: '
