@@ -2,7 +2,7 @@
 (CPU), decord2 (the maintained decord fork) and plain PyAV, on the same clips.
 
     python -m bench.video_peers [--clips 60] [--rounds 3] [--sources ...] [--tasks a b]
-                                [--workers 2] [--no-loader]
+                                [--peers ...] [--workers 2 (0: no DataLoader pass)]
 
 Peers are bench-only (requirements-dev.txt).  TorchCodec links the system's FFmpeg
 shared libraries (Debian/Ubuntu: ``apt-get install ffmpeg``; conda: ``conda install
@@ -30,6 +30,14 @@ Figures: clips/s of CPU time of this one process (time.process_time: less
 sensitive to other jobs on the machine), rounds interleaved (the peers in a rotated
 order each round), min and median of the rounds; and wall-clock clips/s of a
 DataLoader with --workers workers (one pass per peer, after the CPU rounds).
+
+--peers 'ours, decoding only' (bench-only, not a peer a user would pick): ours for
+a clip minus the RGB conversion, crop and resize, the wanted frames decoded and
+none converted.  It returns no frames, so it is not compared, and its rate is the
+same in both tasks.  With it the tables add 'ceiling: ours decoding only / fastest
+peer': a row whose ceiling is under its target (1.0 for a, 1.3 for b) cannot reach
+it by any change to the conversion, crop or Python work, only by decoding fewer
+packets or with a faster decoder.
 """
 from __future__ import annotations
 
@@ -99,6 +107,28 @@ def ours_every_frame():
     return decoding_every_frame(ours_full())
 
 
+def ours_decoding_only():
+    """--peers 'ours, decoding only': what ours does for a clip (a fresh open, the
+    frames sought and decoded as VideoClip.decode pulls them) without converting
+    any.  Returns the number of wanted frames pulled; ``clip.stats`` is its loader's
+    (``'decoded'``: every frame decoded)."""
+    from datasets.video import VideoClipLoader
+    loader = VideoClipLoader(threads=1, frame_table=_TABLE[0])
+
+    def clip(path, positions):
+        try:
+            encoded = loader.read(path, positions)
+            encoded._peek()  # the first wanted frame (raises if none decodes)
+            pulled = 1
+            while encoded._next() is not None:
+                pulled += 1
+            return pulled
+        finally:
+            loader.close()
+    clip.stats = loader.stats
+    return clip
+
+
 def torchcodec_full():
     from torchcodec._core import ops
     from torchcodec.decoders import VideoDecoder
@@ -126,9 +156,11 @@ def pyav_full():
     return plain_stacked
 
 
+DECODING_ONLY = 'ours, decoding only'  # returns no frames: never compared
 PEERS: dict[str, Callable[[], Callable]] = {
     'ours': ours_full, 'TorchCodec': torchcodec_full, 'decord2': decord_full,
-    'plain PyAV': pyav_full, 'ours, every frame decoded': ours_every_frame}
+    'plain PyAV': pyav_full, 'ours, every frame decoded': ours_every_frame,
+    DECODING_ONLY: ours_decoding_only}
 DEFAULT_PEERS = ['ours', 'TorchCodec', 'decord2', 'plain PyAV']
 _TABLE: list = [None]  # the FrameTable ours reads (set by prepare)
 
@@ -154,6 +186,8 @@ def training_path(full: Callable, ours: bool, name: str = 'ours') -> Callable:
     (planned crop, reduced-scale decoding, resized crop, flip); a peer's full-size
     frames through v2 Resize(128), RandomCrop(112), RandomHorizontalFlip."""
     from torchvision.transforms import v2
+    if name == DECODING_ONLY:  # converts nothing: the same in both tasks
+        return full
     if ours:
         from datasets.spatial_transforms import build_train_transform
         from datasets.video import VideoClipLoader
@@ -178,11 +212,12 @@ def training_path(full: Callable, ours: bool, name: str = 'ours') -> Callable:
 
 def check_equal(fns: dict, reference: str, clips: list) -> dict:
     """{peer: None if its frames equal ``reference``'s on every (path, positions) of
-    ``clips``, else what differs}: a peer that differs is reported, not timed."""
+    ``clips``, else what differs}: a peer that differs is reported, not timed.
+    DECODING_ONLY returns no frames: it is left out."""
     want = [fns[reference](path, positions) for path, positions in clips]
     verdict = {}
     for name, fn in fns.items():
-        if name == reference:
+        if name in (reference, DECODING_ONLY):
             continue
         verdict[name] = None
         for (path, positions), ref in zip(clips, want):
@@ -288,6 +323,11 @@ def _fmt(rates: list) -> str:
     return f'{min(rates):.1f} / {statistics.median(rates):.1f}'
 
 
+def _over(rates: dict, name: str, peers: list) -> str:
+    """``name``'s median clips/s over the fastest peer's ('-' without either)."""
+    return f'{statistics.median(rates[name]) / max(peers):.2f}x' if peers and name in rates else '-'
+
+
 def run_task(task: str, found: dict, skipped: dict, clips_by_source: dict, rounds: int,
              workers: int) -> None:
     names = list(found)
@@ -295,10 +335,13 @@ def run_task(task: str, found: dict, skipped: dict, clips_by_source: dict, round
                                      'training path to uint8 (T, C, 112, 112)'))
     print('clips/s of CPU time, one process, min / median of the rounds'
           + (f'; DataLoader {workers} workers, wall clips/s' if workers else ''))
+    target = 1.0 if task == 'a' else 1.3
+    ceiling = DECODING_ONLY in names
     head = ' | '.join(names)
     print(f'| source | size | {head} | ours / fastest peer (median) |'
+          + (' ceiling: ours decoding only / fastest peer |' if ceiling else '')
           + (' DataLoader: ' + ', '.join(names) + ' |' if workers else ''))
-    print('|---|---|' + '---:|' * (len(names) + 1) + ('---|' if workers else ''))
+    print('|---|---|' + '---:|' * (len(names) + 1 + ceiling) + ('---|' if workers else ''))
     for (source, size), clips in clips_by_source.items():
         if task == 'a':
             fns = dict(found)
@@ -311,8 +354,9 @@ def run_task(task: str, found: dict, skipped: dict, clips_by_source: dict, round
         cells = [_fmt(rates[n]) if n in rates else 'not timed' for n in names]
         peers = [statistics.median(rates[n]) for n in rates
                  if n not in ('plain PyAV',) and not n.startswith('ours')]
-        ratio = (f'{statistics.median(rates["ours"]) / max(peers):.2f}x'
-                 if peers and 'ours' in rates else '-')
+        ratio = _over(rates, 'ours', peers)
+        if ceiling:
+            ratio += f' | {_over(rates, DECODING_ONLY, peers)}'
         wall = ''
         if workers:
             makes = {n: (PEERS[n] if task == 'a' else
@@ -324,6 +368,10 @@ def run_task(task: str, found: dict, skipped: dict, clips_by_source: dict, round
         for name, why in verdict.items():
             if why is not None:
                 print(f'  {name} on {source} {size}: {why}')
+    if ceiling:
+        print(f'  {DECODING_ONLY}: not compared (it returns no frames: ours minus the RGB '
+              f'conversion, crop and resize); a ceiling under {target}x: the target needs '
+              f'fewer packets decoded or a faster decoder')
     for name, why in skipped.items():
         print(f'  skipped {name}: {why}')
 

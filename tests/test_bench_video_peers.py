@@ -1,6 +1,9 @@
 """bench/video_peers.py's equality check: a peer returning other frames than ours is
 reported and not timed; a peer that does not load is skipped and named; the peers
-installed here (decord2, TorchCodec with FFmpeg's libraries) return ours."""
+installed here (decord2, TorchCodec with FFmpeg's libraries) return ours; 'ours,
+decoding only' decodes what ours decodes, is not compared and gives the ceiling column."""
+import re
+
 import pytest
 
 from bench import video_peers as vp
@@ -58,3 +61,36 @@ def test_torchcodec_without_ffmpeg_is_skipped_and_says_how_to_get_it(monkeypatch
     monkeypatch.setattr(ops, '_FFMPEG_AVAILABLE', False)
     found, skipped = vp.available_peers(['TorchCodec'])
     assert not found and 'apt-get install ffmpeg' in skipped['TorchCodec']
+
+
+def test_decoding_only_peer_decodes_what_ours_does_and_gives_the_ceiling(clips, monkeypatch,
+                                                                         capsys):
+    """'ours, decoding only' is ours without converting a frame: the same frames
+    decoded, none returned (so not compared), the same function in task (b); the
+    tables give its median over the fastest peer's beside ours'."""
+    from datasets.video import VideoClipLoader
+    only = vp.DECODING_ONLY
+    monkeypatch.setattr(vp, 'PEERS', {'ours': vp.ours_full, only: vp.PEERS[only],
+                                      'twin': vp.pyav_full})  # a peer with our frames
+    found, skipped = vp.available_peers(['ours', only, 'twin'])
+    assert vp.check_equal(found, 'ours', clips) == {'twin': None}
+    ours = VideoClipLoader(threads=1)
+    for path, positions in clips:
+        ours(path, positions)
+        assert found[only](path, positions) == len(set(positions))
+    ours.close()
+    assert found[only].stats['decoded'] == ours.stats['decoded'] >= 12
+    assert vp.training_path(found[only], True, only) is found[only]
+    for task in 'ab':
+        vp.run_task(task, found, skipped, {('H.264', '64x48'): clips}, rounds=1, workers=0)
+    out = capsys.readouterr().out
+    heads = [line for line in out.splitlines() if line.startswith('| source')]
+    rows = [line for line in out.splitlines() if line.startswith('| H.264')]
+    assert len(heads) == len(rows) == 2
+    for head, row in zip(heads, rows):
+        cells = dict(zip((c.strip() for c in head.split('|')[1:-1]),
+                         (c.strip() for c in row.split('|')[1:-1])))
+        assert re.fullmatch(r'\d+\.\d\dx', cells['ours / fastest peer (median)'])
+        assert re.fullmatch(r'\d+\.\d\dx', cells['ceiling: ours decoding only / fastest peer'])
+        assert '/' in cells[only]
+    assert out.count(f'{only}: not compared') == 2
